@@ -1,0 +1,226 @@
+//! Per-workgroup scheduling of emulated threads.
+use super::{Ctx, EmuError, LaunchConfig, Op, Yielder, poisoned_shared};
+use core::cell::Cell;
+use corosensei::stack::DefaultStack;
+use corosensei::{Coroutine, CoroutineResult};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::vec::Vec;
+
+/// Stack per emulated thread; kernels keep a few hundred bytes of locals.
+const STACK_BYTES: usize = 64 * 1024;
+
+#[derive(Clone, Copy)]
+enum State {
+    Ready(u32),
+    Waiting(Op),
+    Done,
+}
+
+/// Runs `kernel` once per thread of every workgroup of `cfg`.
+///
+/// Workgroups are independent (as on a GPU) and spread over the host's
+/// cores. Returns the first error any workgroup reported.
+pub fn launch(cfg: &LaunchConfig, kernel: &(dyn Fn() + Sync)) -> Result<(), EmuError> {
+    if cfg.wave != 32 && cfg.wave != 64 {
+        return Err(EmuError::BadConfig("wave must be 32 or 64"));
+    }
+    if cfg.block == 0 || cfg.block % cfg.wave != 0 || cfg.block > 1024 {
+        return Err(EmuError::BadConfig(
+            "block must be a non-zero multiple of the wave, at most 1024",
+        ));
+    }
+    let total = u64::from(cfg.grid.0) * u64::from(cfg.grid.1);
+    if total == 0 {
+        return Ok(());
+    }
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(usize::try_from(total).unwrap_or(usize::MAX));
+    let next = AtomicU64::new(0);
+    let failed = AtomicBool::new(false);
+    let first_err: Mutex<Option<EmuError>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                let res = worker(cfg, kernel, total, &next, &failed);
+                if let Err(e) = res {
+                    failed.store(true, Ordering::Relaxed);
+                    if let Ok(mut slot) = first_err.lock() {
+                        slot.get_or_insert(e);
+                    }
+                }
+            });
+        }
+    });
+    match first_err.into_inner() {
+        Ok(Some(e)) => Err(e),
+        Ok(None) => Ok(()),
+        Err(_) => Err(EmuError::BadConfig("emulator worker poisoned its lock")),
+    }
+}
+
+fn worker(
+    cfg: &LaunchConfig,
+    kernel: &(dyn Fn() + Sync),
+    total: u64,
+    next: &AtomicU64,
+    failed: &AtomicBool,
+) -> Result<(), EmuError> {
+    let mut stacks = Vec::with_capacity(cfg.block as usize);
+    for _ in 0..cfg.block {
+        stacks.push(DefaultStack::new(STACK_BYTES).map_err(|_| EmuError::Stack)?);
+    }
+    let mut shared = poisoned_shared(cfg.shared_bytes);
+    loop {
+        if failed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let b = next.fetch_add(1, Ordering::Relaxed);
+        if b >= total {
+            return Ok(());
+        }
+        let gx = u64::from(cfg.grid.0);
+        // Both fit in u32: b < grid.0 * grid.1.
+        let block = ((b % gx) as u32, (b / gx) as u32);
+        shared.fill(u128::MAX);
+        run_block(cfg, block, kernel, &mut stacks, shared.as_mut_ptr().cast())?;
+    }
+}
+
+fn run_block(
+    cfg: &LaunchConfig,
+    block: (u32, u32),
+    kernel: &(dyn Fn() + Sync),
+    stacks: &mut [DefaultStack],
+    shared: *mut u8,
+) -> Result<(), EmuError> {
+    let n = cfg.block as usize;
+    let ctxs: Vec<Ctx> = (0..cfg.block)
+        .map(|thread| Ctx {
+            thread,
+            block,
+            wave: cfg.wave,
+            shared,
+            yielder: Cell::new(core::ptr::null()),
+        })
+        .collect();
+    let mut threads: Vec<Coroutine<u32, Op, (), &mut DefaultStack>> = ctxs
+        .iter()
+        .zip(stacks.iter_mut())
+        .map(|(ctx, stack)| {
+            // SAFETY: `ctx` and `kernel` outlive every coroutine: all are
+            // finished or reset before this function returns.
+            unsafe {
+                Coroutine::with_stack_unchecked(stack, move |y: &Yielder, _: u32| {
+                    ctx.yielder.set(y);
+                    kernel();
+                })
+            }
+        })
+        .collect();
+    let mut state = std::vec![State::Ready(0); n];
+    let result = schedule(cfg, block, &ctxs, &mut threads, &mut state);
+    for t in threads.iter_mut() {
+        if !t.done() {
+            // SAFETY: kernel code is no_std and allocation-free; nothing on a
+            // suspended thread's stack needs Drop.
+            unsafe { t.force_reset() };
+        }
+    }
+    result
+}
+
+fn schedule(
+    cfg: &LaunchConfig,
+    block: (u32, u32),
+    ctxs: &[Ctx],
+    threads: &mut [Coroutine<u32, Op, (), &mut DefaultStack>],
+    state: &mut [State],
+) -> Result<(), EmuError> {
+    let n = state.len();
+    let wave = cfg.wave as usize;
+    loop {
+        for t in 0..n {
+            if let State::Ready(v) = state[t] {
+                super::CURRENT.with(|c| c.set(&ctxs[t]));
+                let r = threads[t].resume(v);
+                super::CURRENT.with(|c| c.set(core::ptr::null()));
+                state[t] = match r {
+                    CoroutineResult::Yield(Op::Trap) => {
+                        return Err(EmuError::Trap {
+                            block,
+                            thread: t as u32,
+                        });
+                    }
+                    CoroutineResult::Yield(op) => State::Waiting(op),
+                    CoroutineResult::Return(()) => State::Done,
+                };
+            }
+        }
+        let mut progressed = false;
+        let mut at_barrier = 0u32;
+        let mut exited = 0u32;
+        for (w, lanes) in state.chunks_mut(wave).enumerate() {
+            progressed |= resolve_wave(cfg, block, w as u32, lanes)?;
+            for s in lanes.iter() {
+                match s {
+                    State::Waiting(Op::Barrier) => at_barrier += 1,
+                    State::Done => exited += 1,
+                    _ => {}
+                }
+            }
+        }
+        if exited as usize == n {
+            return Ok(());
+        }
+        if progressed {
+            continue;
+        }
+        if at_barrier as usize == n {
+            state.iter_mut().for_each(|s| *s = State::Ready(0));
+        } else if at_barrier > 0 {
+            return Err(EmuError::PartialBarrier { block, exited });
+        }
+    }
+}
+
+/// Completes a lane exchange if the whole wave waits at it.
+fn resolve_wave(
+    cfg: &LaunchConfig,
+    block: (u32, u32),
+    w: u32,
+    lanes: &mut [State],
+) -> Result<bool, EmuError> {
+    let first_mask = lanes.iter().find_map(|s| match s {
+        State::Waiting(Op::ShflXor { mask, .. }) => Some(*mask),
+        _ => None,
+    });
+    let Some(mask) = first_mask else {
+        return Ok(false);
+    };
+    let mut exited = 0;
+    let mut values = [0u32; 64];
+    for (l, s) in lanes.iter().enumerate() {
+        match *s {
+            State::Waiting(Op::ShflXor { value, mask: m }) if m == mask => values[l] = value,
+            State::Done => exited += 1,
+            _ => return Err(EmuError::DivergentCollective { block, wave: w }),
+        }
+    }
+    if exited > 0 {
+        return Err(EmuError::PartialCollective {
+            block,
+            wave: w,
+            exited,
+        });
+    }
+    if mask >= cfg.wave {
+        return Err(EmuError::DivergentCollective { block, wave: w });
+    }
+    for (l, s) in lanes.iter_mut().enumerate() {
+        *s = State::Ready(values[l ^ mask as usize]);
+    }
+    Ok(true)
+}

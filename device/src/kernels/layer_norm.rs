@@ -1,0 +1,124 @@
+//! LayerNorm over fixed-width f16 rows: f32 mean and biased variance (two
+//! passes over registers, so no E[x^2] - mean^2 cancellation), output
+//! `(x - mean) * rstd [* gamma + beta]` rounded once to f16.
+//!
+//! Layout: [`wavefuse_shared::RowLayout`] (a group of `L` lanes per row,
+//! three 16-byte vectors per lane). Rows past the end are predicated off,
+//! never returned early from: their lanes still join the group reductions.
+use crate::gpu;
+use crate::vec::{load8, store8};
+use wavefuse_shared::ROW_BLOCK;
+
+/// One row group's LayerNorm.
+///
+/// # Safety
+/// `x`, `y` valid for `rows * W` halves, `gamma`/`beta` for `W` halves when
+/// `AFFINE`; all 16-byte aligned.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // constant indices keep the row in registers
+pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
+    x: *const u16,
+    y: *mut u16,
+    gamma: *const u16,
+    beta: *const u16,
+    rows: u64,
+    eps: f32,
+) {
+    let tid = gpu::thread_id();
+    let lane = (tid % L) as usize;
+    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    let active = row < rows;
+    let base = row as usize * W;
+
+    let mut v = [[0.0f32; 8]; NV];
+    if active {
+        for k in 0..NV {
+            // SAFETY: row < rows and the vector lies inside the row.
+            v[k] = unsafe { load8(x.add(base + (k * L as usize + lane) * 8)) };
+        }
+    }
+    let (mean, rstd) = moments::<W, L, NV>(&v, eps);
+    if active {
+        for k in 0..NV {
+            let col = (k * L as usize + lane) * 8;
+            let mut o = [0.0f32; 8];
+            for i in 0..8 {
+                o[i] = (v[k][i] - mean) * rstd;
+            }
+            if AFFINE {
+                // SAFETY: col + 8 <= W.
+                let (g, b) = unsafe { (load8(gamma.add(col)), load8(beta.add(col))) };
+                for i in 0..8 {
+                    o[i] = o[i] * g[i] + b[i];
+                }
+            }
+            // SAFETY: as for the load.
+            unsafe { store8(y.add(base + col), o) };
+        }
+    }
+}
+
+/// Mean and 1/sqrt(biased variance + eps) of the group's row (f32).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub fn moments<const W: usize, const L: u32, const NV: usize>(
+    v: &[[f32; 8]; NV],
+    eps: f32,
+) -> (f32, f32) {
+    let mut s = 0.0f32;
+    for k in 0..NV {
+        for i in 0..8 {
+            s += v[k][i];
+        }
+    }
+    let mean = gpu::group_sum::<L>(s) / W as f32;
+    let mut q = 0.0f32;
+    for k in 0..NV {
+        for i in 0..8 {
+            let d = v[k][i] - mean;
+            q += d * d;
+        }
+    }
+    let var = gpu::group_sum::<L>(q) / W as f32;
+    (mean, 1.0 / gpu::sqrt(var + eps))
+}
+
+macro_rules! layer_norm_entries {
+    ($($plain:ident, $affine:ident: W = $w:literal, L = $l:literal, NV = $nv:literal;)*) => {$(
+        kernel! {
+            /// LayerNorm without affine, fixed width.
+            pub fn $plain(x: *const u16, y: *mut u16, gamma: *const u16, beta: *const u16, rows: u64, eps: f32) {
+                // SAFETY: extents checked by the host API.
+                unsafe { layer_norm::<$w, $l, $nv, false>(x, y, gamma, beta, rows, eps) }
+            }
+        }
+        kernel! {
+            /// LayerNorm with f16 gamma and beta, fixed width.
+            pub fn $affine(x: *const u16, y: *mut u16, gamma: *const u16, beta: *const u16, rows: u64, eps: f32) {
+                // SAFETY: extents checked by the host API.
+                unsafe { layer_norm::<$w, $l, $nv, true>(x, y, gamma, beta, rows, eps) }
+            }
+        }
+    )*};
+}
+
+// L and NV must equal wavefuse_shared::RowLayout::for_width(W); the
+// `layouts_match_shared` test below keeps them in step.
+layer_norm_entries! {
+    wf_layer_norm_192, wf_layer_norm_affine_192: W = 192, L = 8, NV = 3;
+    wf_layer_norm_384, wf_layer_norm_affine_384: W = 384, L = 16, NV = 3;
+    wf_layer_norm_768, wf_layer_norm_affine_768: W = 768, L = 32, NV = 3;
+}
+
+#[cfg(test)]
+mod tests {
+    use wavefuse_shared::RowLayout;
+
+    #[test]
+    fn layouts_match_shared() {
+        for (w, l, nv) in [(192, 8, 3), (384, 16, 3), (768, 32, 3)] {
+            let s = RowLayout::for_width(w).expect("supported");
+            assert_eq!((s.lanes, s.vecs_per_lane), (l, nv));
+        }
+    }
+}

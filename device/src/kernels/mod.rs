@@ -1,0 +1,6 @@
+//! Kernel families, one module each. Entry points are named
+//! `wf_<family>[_<variant>]_<width>` and re-exported here; the host looks
+//! them up by these names.
+pub mod layer_norm;
+
+pub use layer_norm::*;

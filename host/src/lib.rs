@@ -1,0 +1,37 @@
+//! wavefuse: fused transformer kernels for AMD and NVIDIA GPUs, written once
+//! in `no_std` Rust.
+//!
+//! ```no_run
+//! use wavefuse::{Device, Choice, f16};
+//! # fn main() -> Result<(), wavefuse::Error> {
+//! let dev = Device::open(Choice::Auto)?; // CUDA, then HIP, then the CPU emulator
+//! let rows = 4;
+//! let x: Vec<f16> = (0..rows * 192).map(|i| f16::from_f32((i % 7) as f32)).collect();
+//! let x = dev.upload(&x)?;
+//! let mut y = dev.alloc::<f16>(rows * 192)?;
+//! wavefuse::layer_norm(&dev, &x.view(), &mut y.view_mut(), 192, None, 1e-5)?;
+//! let y = y.download()?;
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod backend;
+mod buffer;
+mod device;
+mod error;
+mod objects;
+pub mod ops;
+
+pub use buffer::{DeviceBuffer, Elem, View, ViewMut};
+pub use device::{BackendKind, Choice, Device, DeviceInfo, Event, Wave};
+pub use error::Error;
+pub use half::{bf16, f16};
+pub use ops::layer_norm::{Affine, layer_norm};
+
+/// Built code objects, for inspection (static checks, bundles).
+pub mod code_objects {
+    pub use crate::objects::{AMD, AMD_CODE_OBJECT_VERSION, PTX};
+}
+
+/// Result type of every fallible wavefuse call.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,99 @@
+//! LayerNorm over f16 rows of a fixed width.
+//!
+//! Contract (matches `torch.nn.functional.layer_norm` on f16 CUDA tensors):
+//! mean and biased variance in f32, `y = (x - mean) / sqrt(var + eps)`,
+//! then `* gamma + beta` in f32 when affine, rounded once to f16. A row
+//! holding NaN or Inf gives NaN everywhere in that row.
+use super::Check;
+use crate::backend::{Arg, Launch};
+use crate::buffer::{Span, View, ViewMut};
+use crate::device::Device;
+use crate::{Error, Result};
+use half::f16;
+use wavefuse_shared::layout::{LN_WIDTHS, ROW_BLOCK, RowLayout};
+
+/// Per-column scale and shift (f16, `width` each).
+#[derive(Clone, Copy)]
+pub struct Affine<'a, 'b> {
+    /// Scale.
+    pub gamma: &'a View<'a, f16>,
+    /// Shift.
+    pub beta: &'b View<'b, f16>,
+}
+
+/// The kernel entry point for a width (`None` when unsupported).
+pub(crate) fn kernel_name(width: usize, affine: bool) -> Option<&'static str> {
+    Some(match (width, affine) {
+        (192, false) => "wf_layer_norm_192",
+        (384, false) => "wf_layer_norm_384",
+        (768, false) => "wf_layer_norm_768",
+        (192, true) => "wf_layer_norm_affine_192",
+        (384, true) => "wf_layer_norm_affine_384",
+        (768, true) => "wf_layer_norm_affine_768",
+        _ => return None,
+    })
+}
+
+/// `y = LayerNorm(x)` over rows of `width` (192, 384 or 768).
+///
+/// `x` and `y` are [rows, width] (rows >= 1), 16-byte aligned, and must not
+/// overlap. Every check runs before the launch.
+pub fn layer_norm(
+    dev: &Device,
+    x: &View<'_, f16>,
+    y: &mut ViewMut<'_, f16>,
+    width: usize,
+    affine: Option<Affine<'_, '_>>,
+    eps: f32,
+) -> Result<()> {
+    let c = Check { dev, op: "layer_norm" };
+    let name = kernel_name(width, affine.is_some()).ok_or(Error::UnsupportedWidth {
+        op: c.op,
+        width,
+        supported: &LN_WIDTHS,
+    })?;
+    let layout = RowLayout::for_width(width).ok_or(Error::UnsupportedWidth {
+        op: c.op,
+        width,
+        supported: &LN_WIDTHS,
+    })?;
+    let (xs, ys) = (Span::from(x), Span::from(&*y));
+    c.same_device(&xs, "x")?;
+    c.same_device(&ys, "y")?;
+    let rows = c.rows(&xs, "x", width)?;
+    c.len(&ys, "y", xs.len)?;
+    c.aligned(&xs, "x")?;
+    c.aligned(&ys, "y")?;
+    c.disjoint(&xs, "x", &ys, "y")?;
+    c.finite_nonneg(eps, "eps")?;
+    let (g, b) = match affine {
+        Some(a) => {
+            let (gs, bs) = (Span::from(a.gamma), Span::from(a.beta));
+            for (s, n) in [(&gs, "gamma"), (&bs, "beta")] {
+                c.same_device(s, n)?;
+                c.len(s, n, width)?;
+                c.aligned(s, n)?;
+                c.disjoint(s, n, &ys, "y")?;
+            }
+            (gs.ptr, bs.ptr)
+        }
+        None => (0, 0),
+    };
+    let grid = c.grid(rows, layout.blocks_for(rows))?;
+    let l = Launch {
+        grid: (grid, 1),
+        block: ROW_BLOCK,
+        shared_bytes: 0,
+    };
+    let args = [
+        Arg::Ptr(xs.ptr),
+        Arg::Ptr(ys.ptr),
+        Arg::Ptr(g),
+        Arg::Ptr(b),
+        Arg::U64(rows as u64),
+        Arg::F32(eps),
+    ];
+    // SAFETY: extents, alignment and aliasing checked above; the argument
+    // list matches the kernel signature in wavefuse-device.
+    unsafe { dev.be.launch(name, l, &args) }
+}

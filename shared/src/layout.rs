@@ -1,0 +1,84 @@
+//! How a row of `width` halves is laid over lanes.
+//!
+//! Every row kernel moves data in 16-byte vectors (8 halves) so that each
+//! lane issues the widest global load both targets have. A row is owned by a
+//! group of `lanes` consecutive lanes (a power of two, at most 32 so that the
+//! same layout fits a wave32 and a wave64); lane `l` of the group holds the
+//! vectors `k * lanes + l` for `k in 0..vecs_per_lane`, so each load
+//! instruction of the group covers `lanes * 16` contiguous bytes.
+//! Reductions are butterflies over the group (`log2(lanes)` exchanges).
+
+/// Halves per 16-byte vector access.
+pub const VEC_HALVES: usize = 8;
+
+/// Threads per workgroup for the row kernels (8 warps on NVIDIA, 4 waves on gfx9).
+pub const ROW_BLOCK: u32 = 256;
+
+/// Lane layout of one row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowLayout {
+    /// Row width in elements.
+    pub width: usize,
+    /// Lanes that share one row (power of two, <= 32).
+    pub lanes: usize,
+    /// 16-byte vectors each lane holds.
+    pub vecs_per_lane: usize,
+}
+
+impl RowLayout {
+    /// Layout for a width with compiled kernels, `None` for any other width.
+    pub const fn for_width(width: usize) -> Option<RowLayout> {
+        // 3 vectors (48 bytes) per lane at every width: enough loads in
+        // flight per lane, few registers, and the lane count stays a power
+        // of two (192 = 8 lanes x 24 halves).
+        let lanes = match width {
+            192 => 8,
+            384 => 16,
+            768 => 32,
+            _ => return None,
+        };
+        Some(RowLayout {
+            width,
+            lanes,
+            vecs_per_lane: width / (lanes * VEC_HALVES),
+        })
+    }
+
+    /// Rows one workgroup of [`ROW_BLOCK`] threads covers.
+    pub const fn rows_per_block(&self) -> usize {
+        ROW_BLOCK as usize / self.lanes
+    }
+
+    /// Workgroups needed for `rows` rows.
+    pub const fn blocks_for(&self, rows: usize) -> usize {
+        rows.div_ceil(self.rows_per_block())
+    }
+}
+
+/// Widths that have compiled LayerNorm kernels.
+pub const LN_WIDTHS: [usize; 3] = [192, 384, 768];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_cover_rows_exactly() {
+        for w in LN_WIDTHS {
+            let l = RowLayout::for_width(w).expect("supported");
+            assert_eq!(l.lanes * l.vecs_per_lane * VEC_HALVES, w);
+            assert!(l.lanes.is_power_of_two() && l.lanes <= 32);
+            assert_eq!(ROW_BLOCK as usize % l.lanes, 0);
+        }
+        assert_eq!(RowLayout::for_width(100), None);
+        assert_eq!(RowLayout::for_width(0), None);
+    }
+
+    #[test]
+    fn blocks_round_up() {
+        let l = RowLayout::for_width(192).expect("supported");
+        assert_eq!(l.blocks_for(1), 1);
+        assert_eq!(l.blocks_for(l.rows_per_block()), 1);
+        assert_eq!(l.blocks_for(l.rows_per_block() + 1), 2);
+    }
+}

@@ -1,0 +1,14 @@
+//! Shapes, widths, launch geometry and index protocols shared by the
+//! wavefuse device kernels (compiled for AMDGPU, NVPTX and the host) and the
+//! host runtime. `no_std`; the window planner needs the `alloc` feature.
+#![no_std]
+#![deny(missing_docs)]
+
+#[cfg(feature = "alloc")]
+extern crate alloc;
+
+pub mod index;
+pub mod layout;
+
+pub use index::PAD;
+pub use layout::{ROW_BLOCK, RowLayout, VEC_HALVES};
