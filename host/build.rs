@@ -19,9 +19,24 @@ use std::process::Command;
 
 /// AMD targets rustc's LLVM (22) knows in the gfx9 family and later.
 const KNOWN_AMD: &[&str] = &[
-    "gfx900", "gfx902", "gfx904", "gfx906", "gfx908", "gfx909", "gfx90a", "gfx90c", "gfx940",
-    "gfx941", "gfx942", "gfx950", "gfx9-generic", "gfx9-4-generic", "gfx1010", "gfx1030",
-    "gfx1100", "gfx1200",
+    "gfx900",
+    "gfx902",
+    "gfx904",
+    "gfx906",
+    "gfx908",
+    "gfx909",
+    "gfx90a",
+    "gfx90c",
+    "gfx940",
+    "gfx941",
+    "gfx942",
+    "gfx950",
+    "gfx9-generic",
+    "gfx9-4-generic",
+    "gfx1010",
+    "gfx1030",
+    "gfx1100",
+    "gfx1200",
 ];
 
 /// Flags for the kernel crate only (not core / compiler_builtins, which
@@ -31,13 +46,27 @@ const KNOWN_AMD: &[&str] = &[
 const KERNEL_FLAGS: &[&str] = &["-Cllvm-args=-unroll-threshold=1000"];
 
 fn main() {
-    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = manifest.parent().expect("host/ lives in the workspace").to_path_buf();
+    let manifest =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root = manifest
+        .parent()
+        .expect("host/ lives in the workspace")
+        .to_path_buf();
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    for p in ["device/src", "device/Cargo.toml", "shared/src", "shared/Cargo.toml", "Cargo.toml"] {
+    for p in [
+        "device/src",
+        "device/Cargo.toml",
+        "shared/src",
+        "shared/Cargo.toml",
+        "Cargo.toml",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
-    for v in ["WAVEFUSE_AMD_ARCHS", "WAVEFUSE_AMD_CODE_OBJECT_VERSION", "WAVEFUSE_PTX_ARCHS"] {
+    for v in [
+        "WAVEFUSE_AMD_ARCHS",
+        "WAVEFUSE_AMD_CODE_OBJECT_VERSION",
+        "WAVEFUSE_PTX_ARCHS",
+    ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
     let amd = list("WAVEFUSE_AMD_ARCHS", "gfx90a,gfx942");
@@ -76,7 +105,12 @@ fn main() {
         let elf = dir.join("amdgcn-amd-amdhsa/gpu/wavefuse_device.elf");
         let dst = out.join(format!("wavefuse_{a}.elf"));
         copy(&elf, &dst);
-        writeln!(src, "    ({a:?}, include_bytes!({:?})),", dst.display().to_string()).ok();
+        writeln!(
+            src,
+            "    ({a:?}, include_bytes!({:?})),",
+            dst.display().to_string()
+        )
+        .ok();
     }
     writeln!(src, "];").ok();
     writeln!(src, "/// NVIDIA PTX: (sm arch, NUL-terminated PTX text).").ok();
@@ -86,16 +120,32 @@ fn main() {
             panic!("WAVEFUSE_PTX_ARCHS entry `{s}` is not of the form sm_NN");
         }
         let dir = target_root.join(s);
-        cargo_device(&root, &dir, "nvptx64-nvidia-cuda", &[format!("-Ctarget-cpu={s}")], true);
+        cargo_device(
+            &root,
+            &dir,
+            "nvptx64-nvidia-cuda",
+            &[format!("-Ctarget-cpu={s}")],
+            true,
+        );
         let asm = dir.join("nvptx64-nvidia-cuda/gpu/deps/wavefuse_device.s");
         let dst = out.join(format!("wavefuse_{s}.ptx"));
-        let mut text = fs::read_to_string(&asm).unwrap_or_else(|e| panic!("read {}: {e}", asm.display()));
+        let mut text =
+            fs::read_to_string(&asm).unwrap_or_else(|e| panic!("read {}: {e}", asm.display()));
         text.push('\0');
         fs::write(&dst, text).unwrap_or_else(|e| panic!("write {}: {e}", dst.display()));
-        writeln!(src, "    ({s:?}, include_str!({:?})),", dst.display().to_string()).ok();
+        writeln!(
+            src,
+            "    ({s:?}, include_str!({:?})),",
+            dst.display().to_string()
+        )
+        .ok();
     }
     writeln!(src, "];").ok();
-    writeln!(src, "/// AMD code object version the ELFs were written with.").ok();
+    writeln!(
+        src,
+        "/// AMD code object version the ELFs were written with."
+    )
+    .ok();
     writeln!(src, "pub const AMD_CODE_OBJECT_VERSION: u32 = {cov};").ok();
     fs::write(out.join("objects.rs"), src).expect("write objects.rs");
 }
@@ -110,14 +160,23 @@ fn list(var: &str, default: &str) -> Vec<String> {
 }
 
 fn copy(from: &Path, to: &Path) {
-    fs::copy(from, to).unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), to.display()));
+    fs::copy(from, to)
+        .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), to.display()));
 }
 
 fn cargo_device(root: &Path, target_dir: &Path, target: &str, flags: &[String], ptx: bool) {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(root)
-        .args(["rustc", "-p", "wavefuse-device", "--profile", "gpu", "--target", target])
+        .args([
+            "rustc",
+            "-p",
+            "wavefuse-device",
+            "--profile",
+            "gpu",
+            "--target",
+            target,
+        ])
         .args(["-Zbuild-std=core", "--crate-type", "cdylib"])
         .arg("--target-dir")
         .arg(target_dir)
@@ -133,7 +192,14 @@ fn cargo_device(root: &Path, target_dir: &Path, target: &str, flags: &[String], 
     // build: one of them makes compiler_builtins fail on AMDGPU. Start from
     // an empty environment and keep only what locates the toolchain.
     cmd.env_clear();
-    for v in ["PATH", "HOME", "RUSTUP_HOME", "CARGO_HOME", "RUSTUP_TOOLCHAIN", "TMPDIR"] {
+    for v in [
+        "PATH",
+        "HOME",
+        "RUSTUP_HOME",
+        "CARGO_HOME",
+        "RUSTUP_TOOLCHAIN",
+        "TMPDIR",
+    ] {
         if let Some(val) = env::var_os(v) {
             cmd.env(v, val);
         }

@@ -14,7 +14,12 @@
 #![feature(f16)]
 #![cfg_attr(
     any(target_arch = "amdgpu", target_arch = "nvptx64"),
-    feature(abi_gpu_kernel, core_intrinsics, gpu_intrinsics, gpu_launch_sized_workgroup_mem)
+    feature(
+        abi_gpu_kernel,
+        core_intrinsics,
+        gpu_intrinsics,
+        gpu_launch_sized_workgroup_mem
+    )
 )]
 #![cfg_attr(target_arch = "amdgpu", feature(stdarch_amdgpu))]
 #![cfg_attr(target_arch = "nvptx64", feature(stdarch_nvptx, link_llvm_intrinsics))]
@@ -28,6 +33,7 @@ pub mod gpu;
 #[macro_use]
 mod entry;
 pub mod kernels;
+pub mod math;
 pub mod vec;
 
 #[cfg(any(target_arch = "amdgpu", target_arch = "nvptx64"))]

@@ -34,21 +34,25 @@ pub struct DeviceBuffer<T: Elem> {
 
 impl<T: Elem> std::fmt::Debug for DeviceBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceBuffer<{}>[{}] @ {:#x}", T::NAME, self.len, self.ptr)
+        write!(
+            f,
+            "DeviceBuffer<{}>[{}] @ {:#x}",
+            T::NAME,
+            self.len,
+            self.ptr
+        )
     }
 }
 
 impl Device {
     /// Allocates `len` elements (contents unspecified).
     pub fn alloc<T: Elem>(&self, len: usize) -> Result<DeviceBuffer<T>> {
-        let bytes = len
-            .checked_mul(size_of::<T>())
-            .ok_or(Error::BadParameter {
-                op: "alloc",
-                what: "len",
-                value: len.to_string(),
-                why: "byte size overflows",
-            })?;
+        let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::BadParameter {
+            op: "alloc",
+            what: "len",
+            value: len.to_string(),
+            why: "byte size overflows",
+        })?;
         let ptr = self.be.alloc(bytes)?;
         Ok(DeviceBuffer {
             dev: self.clone(),
@@ -105,7 +109,11 @@ impl<T: Elem> DeviceBuffer<T> {
     pub fn download(&self) -> Result<Vec<T>> {
         let mut out = vec![T::zeroed(); self.len];
         // SAFETY: the range is this allocation.
-        unsafe { self.dev.be.download(bytemuck::cast_slice_mut(&mut out), self.ptr)? };
+        unsafe {
+            self.dev
+                .be
+                .download(bytemuck::cast_slice_mut(&mut out), self.ptr)?
+        };
         Ok(out)
     }
 
@@ -121,7 +129,11 @@ impl<T: Elem> DeviceBuffer<T> {
             });
         }
         // SAFETY: both ranges are whole allocations of this device.
-        unsafe { self.dev.be.copy(self.ptr, src.ptr, self.len * size_of::<T>()) }
+        unsafe {
+            self.dev
+                .be
+                .copy(self.ptr, src.ptr, self.len * size_of::<T>())
+        }
     }
 
     /// The whole buffer, read-only.

@@ -129,7 +129,12 @@ impl Device {
     /// Every backend that opens on this machine (CPU emulator in both wave modes last).
     pub fn all_present() -> Vec<Device> {
         let mut v = Vec::new();
-        for c in [Choice::Cuda(0), Choice::Hip(0), Choice::Cpu(Wave::W64), Choice::Cpu(Wave::W32)] {
+        for c in [
+            Choice::Cuda(0),
+            Choice::Hip(0),
+            Choice::Cpu(Wave::W64),
+            Choice::Cpu(Wave::W32),
+        ] {
             if let Ok(d) = Device::open(c) {
                 v.push(d);
             }
@@ -160,7 +165,12 @@ impl Device {
         self.be.mem_info()
     }
 
-    pub(crate) fn check_same(&self, other: u64, op: &'static str, what: &'static str) -> Result<()> {
+    pub(crate) fn check_same(
+        &self,
+        other: u64,
+        op: &'static str,
+        what: &'static str,
+    ) -> Result<()> {
         if other == self.id {
             Ok(())
         } else {

@@ -26,11 +26,15 @@ pub use buffer::{DeviceBuffer, Elem, View, ViewMut};
 pub use device::{BackendKind, Choice, Device, DeviceInfo, Event, Wave};
 pub use error::Error;
 pub use half::{bf16, f16};
+pub use ops::add_layer_norm::{add_layer_norm, add_layer_norm_to};
+pub use ops::gather::{GatherPlan, gather};
 pub use ops::layer_norm::{Affine, layer_norm};
+pub use ops::layer_norm_gather::layer_norm_gather;
 
 /// Built code objects, for inspection (static checks, bundles).
 pub mod code_objects {
     pub use crate::objects::{AMD, AMD_CODE_OBJECT_VERSION, PTX};
+    pub use crate::ops::KERNELS;
 }
 
 /// Result type of every fallible wavefuse call.

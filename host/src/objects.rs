@@ -20,7 +20,11 @@ pub fn amd_for(gcn_arch_name: &str) -> Result<(&'static str, &'static [u8]), Err
 pub fn ptx_for(major: i32, minor: i32) -> Result<(&'static str, &'static str), Error> {
     let cc = (major * 10 + minor) as u32;
     PTX.iter()
-        .filter_map(|(a, p)| a.strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok()).map(|n| (n, *a, *p)))
+        .filter_map(|(a, p)| {
+            a.strip_prefix("sm_")
+                .and_then(|n| n.parse::<u32>().ok())
+                .map(|n| (n, *a, *p))
+        })
         .filter(|(n, _, _)| *n <= cc)
         .max_by_key(|(n, _, _)| *n)
         .map(|(_, a, p)| (a, p))
@@ -56,7 +60,10 @@ mod tests {
             other => panic!("expected NoCodeObject, got {:?}", other.map(|o| o.0)),
         }
         if let Some((a, _)) = AMD.first() {
-            assert_eq!(amd_for(&format!("{a}:sramecc+:xnack-")).map(|o| o.0).ok(), Some(*a));
+            assert_eq!(
+                amd_for(&format!("{a}:sramecc+:xnack-")).map(|o| o.0).ok(),
+                Some(*a)
+            );
         }
     }
 }

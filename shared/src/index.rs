@@ -47,11 +47,19 @@ mod tests {
     fn rejects_out_of_range_and_other_negatives() {
         assert_eq!(
             validate(&[0, 5], 5),
-            Err(IndexError::OutOfRange { position: 1, value: 5, n_src: 5 })
+            Err(IndexError::OutOfRange {
+                position: 1,
+                value: 5,
+                n_src: 5
+            })
         );
         assert_eq!(
             validate(&[-2], 5),
-            Err(IndexError::OutOfRange { position: 0, value: -2, n_src: 5 })
+            Err(IndexError::OutOfRange {
+                position: 0,
+                value: -2,
+                n_src: 5
+            })
         );
     }
 }

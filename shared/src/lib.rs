@@ -9,6 +9,8 @@ extern crate alloc;
 
 pub mod index;
 pub mod layout;
+#[cfg(feature = "alloc")]
+pub mod window;
 
 pub use index::PAD;
 pub use layout::{ROW_BLOCK, RowLayout, VEC_HALVES};

@@ -78,7 +78,11 @@ impl fmt::Display for EmuError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             EmuError::BadConfig(why) => write!(f, "bad launch configuration: {why}"),
-            EmuError::PartialCollective { block, wave, exited } => write!(
+            EmuError::PartialCollective {
+                block,
+                wave,
+                exited,
+            } => write!(
                 f,
                 "partial lane exchange in block {block:?} wave {wave}: {exited} lanes had exited"
             ),

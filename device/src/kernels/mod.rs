@@ -1,6 +1,12 @@
 //! Kernel families, one module each. Entry points are named
 //! `wf_<family>[_<variant>]_<width>` and re-exported here; the host looks
 //! them up by these names.
+pub mod add_layer_norm;
+pub mod gather;
 pub mod layer_norm;
+pub mod layer_norm_gather;
 
+pub use add_layer_norm::*;
+pub use gather::*;
 pub use layer_norm::*;
+pub use layer_norm_gather::*;

@@ -122,14 +122,21 @@ impl Backend for Cpu {
     }
 
     fn alloc(&self, bytes: usize) -> Result<u64> {
-        let layout = Layout::from_size_align(bytes.max(1), ALIGN).map_err(|e| driver("alloc", e))?;
+        let layout =
+            Layout::from_size_align(bytes.max(1), ALIGN).map_err(|e| driver("alloc", e))?;
         // SAFETY: non-zero size.
         let p = unsafe { std::alloc::alloc(layout) };
         if p.is_null() {
-            return Err(driver("alloc", format!("out of host memory ({bytes} bytes)")));
+            return Err(driver(
+                "alloc",
+                format!("out of host memory ({bytes} bytes)"),
+            ));
         }
         let addr = p as usize as u64;
-        self.allocs.lock().map_err(|e| driver("alloc", e))?.insert(addr, layout);
+        self.allocs
+            .lock()
+            .map_err(|e| driver("alloc", e))?
+            .insert(addr, layout);
         Ok(addr)
     }
 
@@ -150,7 +157,9 @@ impl Backend for Cpu {
 
     unsafe fn download(&self, dst: &mut [u8], src: u64) -> Result<()> {
         // SAFETY: caller contract.
-        unsafe { std::ptr::copy_nonoverlapping(src as usize as *const u8, dst.as_mut_ptr(), dst.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(src as usize as *const u8, dst.as_mut_ptr(), dst.len())
+        };
         Ok(())
     }
 
@@ -174,6 +183,22 @@ impl Backend for Cpu {
             wf_layer_norm_affine_192(x, y, g, b, rows, eps);
             wf_layer_norm_affine_384(x, y, g, b, rows, eps);
             wf_layer_norm_affine_768(x, y, g, b, rows, eps);
+            wf_add_layer_norm_192(res, br, rout, y, g, b, rows, eps);
+            wf_add_layer_norm_384(res, br, rout, y, g, b, rows, eps);
+            wf_add_layer_norm_768(res, br, rout, y, g, b, rows, eps);
+            wf_add_layer_norm_affine_192(res, br, rout, y, g, b, rows, eps);
+            wf_add_layer_norm_affine_384(res, br, rout, y, g, b, rows, eps);
+            wf_add_layer_norm_affine_768(res, br, rout, y, g, b, rows, eps);
+            wf_layer_norm_gather_192(src, idx, out, g, b, n_out, n_src, eps);
+            wf_layer_norm_gather_384(src, idx, out, g, b, n_out, n_src, eps);
+            wf_layer_norm_gather_768(src, idx, out, g, b, n_out, n_src, eps);
+            wf_layer_norm_gather_affine_192(src, idx, out, g, b, n_out, n_src, eps);
+            wf_layer_norm_gather_affine_384(src, idx, out, g, b, n_out, n_src, eps);
+            wf_layer_norm_gather_affine_768(src, idx, out, g, b, n_out, n_src, eps);
+            wf_gather_192(src, idx, out, n_out, n_src);
+            wf_gather_384(src, idx, out, n_out, n_src);
+            wf_gather_768(src, idx, out, n_out, n_src);
+            wf_gather_generic(src, idx, out, n_out, n_src, vecs);
         )
     }
 
@@ -187,7 +212,9 @@ impl Backend for Cpu {
 
     fn elapsed_ms(&self, start: &EventHandle, end: &EventHandle) -> Result<f32> {
         match (start, end) {
-            (EventHandle::Cpu(a), EventHandle::Cpu(b)) => Ok(b.duration_since(*a).as_secs_f32() * 1e3),
+            (EventHandle::Cpu(a), EventHandle::Cpu(b)) => {
+                Ok(b.duration_since(*a).as_secs_f32() * 1e3)
+            }
             _ => Err(driver("elapsed", "events of another backend")),
         }
     }
@@ -195,7 +222,13 @@ impl Backend for Cpu {
     fn destroy_event(&self, _: &EventHandle) {}
 
     fn mem_info(&self) -> Result<(usize, usize)> {
-        let used: usize = self.allocs.lock().map_err(|e| driver("mem_info", e))?.values().map(|l| l.size()).sum();
+        let used: usize = self
+            .allocs
+            .lock()
+            .map_err(|e| driver("mem_info", e))?
+            .values()
+            .map(|l| l.size())
+            .sum();
         Ok((usize::MAX - used, usize::MAX))
     }
 }

@@ -47,7 +47,9 @@ pub fn open(ordinal: usize) -> Result<Cuda> {
     cu::init().map_err(|e| unavailable(format!("cuInit: {e:?}")))?;
     let count = cu::device::get_count().map_err(err("cuDeviceGetCount"))?;
     if ordinal >= count.max(0) as usize {
-        return Err(unavailable(format!("device {ordinal} requested, {count} present")));
+        return Err(unavailable(format!(
+            "device {ordinal} requested, {count} present"
+        )));
     }
     let dev = cu::device::get(ordinal as i32).map_err(err("cuDeviceGet"))?;
     // SAFETY: dev is a valid device.
@@ -64,19 +66,24 @@ pub fn open(ordinal: usize) -> Result<Cuda> {
     let l2 = attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
     let (obj, ptx) = objects::ptx_for(major, minor)?;
     // SAFETY: `ptx` is NUL-terminated PTX text (build.rs appends the NUL).
-    let module = unsafe { cu::module::load_data(ptx.as_ptr().cast()) }.map_err(err("cuModuleLoadData"))?;
+    let module =
+        unsafe { cu::module::load_data(ptx.as_ptr().cast()) }.map_err(err("cuModuleLoadData"))?;
     let mut funcs = HashMap::new();
     for name in crate::ops::KERNELS {
         let c = CString::new(*name).map_err(|_| unavailable("kernel name with NUL"))?;
         // SAFETY: module is loaded.
-        let f = unsafe { cu::module::get_function(module, c) }.map_err(err("cuModuleGetFunction"))?;
+        let f =
+            unsafe { cu::module::get_function(module, c) }.map_err(err("cuModuleGetFunction"))?;
         funcs.insert(*name, f);
     }
-    let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(err("cuStreamCreate"))?;
+    let stream =
+        cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(err("cuStreamCreate"))?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let mut version = 0i32;
     // SAFETY: out-pointer to a local.
-    unsafe { sys::cuDriverGetVersion(&mut version) }.result().map_err(err("cuDriverGetVersion"))?;
+    unsafe { sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .map_err(err("cuDriverGetVersion"))?;
     // SAFETY: valid device.
     let total_mem = unsafe { cu::device::total_mem(dev) }.map_err(err("cuDeviceTotalMem"))?;
     Ok(Cuda {
@@ -85,7 +92,11 @@ pub fn open(ordinal: usize) -> Result<Cuda> {
             name: cu::device::get_name(dev).map_err(err("cuDeviceGetName"))?,
             arch: format!("sm_{major}{minor}"),
             code_object: format!("{obj} PTX"),
-            driver: format!("CUDA driver API {}.{}", version / 1000, (version % 1000) / 10),
+            driver: format!(
+                "CUDA driver API {}.{}",
+                version / 1000,
+                (version % 1000) / 10
+            ),
             wave: 32,
             l2_bytes: l2.max(0) as usize,
             total_mem,
@@ -149,12 +160,16 @@ impl Backend for Cuda {
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         self.bind()?;
         // SAFETY: caller contract.
-        unsafe { cu::memcpy_dtod_async(dst, src, bytes, self.stream) }.map_err(err("cuMemcpyDtoDAsync"))
+        unsafe { cu::memcpy_dtod_async(dst, src, bytes, self.stream) }
+            .map_err(err("cuMemcpyDtoDAsync"))
     }
 
     unsafe fn launch(&self, kernel: &'static str, l: Launch, args: &[Arg]) -> Result<()> {
         self.bind()?;
-        let f = *self.funcs.get(kernel).ok_or_else(|| unavailable(format!("kernel {kernel} not loaded")))?;
+        let f = *self
+            .funcs
+            .get(kernel)
+            .ok_or_else(|| unavailable(format!("kernel {kernel} not loaded")))?;
         let mut args = args.to_vec();
         let mut params: Vec<*mut c_void> = args
             .iter_mut()
@@ -187,7 +202,8 @@ impl Backend for Cuda {
 
     fn record(&self) -> Result<EventHandle> {
         self.bind()?;
-        let e = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(err("cuEventCreate"))?;
+        let e = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(err("cuEventCreate"))?;
         // SAFETY: fresh event, our stream.
         unsafe { cu::event::record(e, self.stream) }.map_err(err("cuEventRecord"))?;
         Ok(EventHandle::Gpu(e as usize))

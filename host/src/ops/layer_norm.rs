@@ -46,7 +46,10 @@ pub fn layer_norm(
     affine: Option<Affine<'_, '_>>,
     eps: f32,
 ) -> Result<()> {
-    let c = Check { dev, op: "layer_norm" };
+    let c = Check {
+        dev,
+        op: "layer_norm",
+    };
     let name = kernel_name(width, affine.is_some()).ok_or(Error::UnsupportedWidth {
         op: c.op,
         width,

@@ -1,14 +1,33 @@
 //! One module per kernel family: argument checks, then one launch.
+pub mod add_layer_norm;
+pub mod gather;
 pub mod layer_norm;
+pub mod layer_norm_gather;
 
 /// Every kernel entry point the backends load.
-pub(crate) const KERNELS: &[&str] = &[
+pub const KERNELS: &[&str] = &[
     "wf_layer_norm_192",
     "wf_layer_norm_384",
     "wf_layer_norm_768",
     "wf_layer_norm_affine_192",
     "wf_layer_norm_affine_384",
     "wf_layer_norm_affine_768",
+    "wf_add_layer_norm_192",
+    "wf_add_layer_norm_384",
+    "wf_add_layer_norm_768",
+    "wf_add_layer_norm_affine_192",
+    "wf_add_layer_norm_affine_384",
+    "wf_add_layer_norm_affine_768",
+    "wf_layer_norm_gather_192",
+    "wf_layer_norm_gather_384",
+    "wf_layer_norm_gather_768",
+    "wf_layer_norm_gather_affine_192",
+    "wf_layer_norm_gather_affine_384",
+    "wf_layer_norm_gather_affine_768",
+    "wf_gather_192",
+    "wf_gather_384",
+    "wf_gather_768",
+    "wf_gather_generic",
 ];
 
 use crate::buffer::Span;

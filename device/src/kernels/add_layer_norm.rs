@@ -1,0 +1,149 @@
+//! Residual add + LayerNorm in one pass: `r = f16(residual + branch)` is
+//! written to `residual_out`, and `y = LayerNorm(r)` is computed from the
+//! ROUNDED `r` (exactly what the unfused PyTorch path does), never from the
+//! unrounded f32 sum.
+//!
+//! The f16 add is an f32 add of the two widened halves rounded once to f16:
+//! f32 carries 24 >= 2 * 11 + 2 significand bits, so this double rounding
+//! is the correctly rounded f16 sum.
+//!
+//! Layout: [`wavefuse_shared::RowLayout`], as in [`super::layer_norm`]. Each
+//! element is read once and `residual_out` / `y` written once, by the lane
+//! that read it, so `residual_out == residual` (in place) is race-free.
+//! Rows past the end are predicated off; their lanes still join the group
+//! reductions.
+use super::layer_norm::moments;
+use crate::gpu;
+use crate::vec::{load8, store8};
+use wavefuse_shared::ROW_BLOCK;
+
+/// One row group's residual add + LayerNorm.
+///
+/// # Safety
+/// `residual`, `branch`, `residual_out`, `y` valid for `rows * W` halves,
+/// `gamma`/`beta` for `W` halves when `AFFINE`; all 16-byte aligned.
+/// `residual_out` may equal `residual`; no other overlap with the outputs.
+#[inline(always)]
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // constant indices keep the row in registers
+pub unsafe fn add_layer_norm<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
+    residual: *const u16,
+    branch: *const u16,
+    residual_out: *mut u16,
+    y: *mut u16,
+    gamma: *const u16,
+    beta: *const u16,
+    rows: u64,
+    eps: f32,
+) {
+    let tid = gpu::thread_id();
+    let lane = (tid % L) as usize;
+    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    let active = row < rows;
+    let base = row as usize * W;
+
+    let mut v = [[0.0f32; 8]; NV];
+    if active {
+        let mut a = [[0.0f32; 8]; NV];
+        let mut b = [[0.0f32; 8]; NV];
+        for k in 0..NV {
+            let off = base + (k * L as usize + lane) * 8;
+            // SAFETY: row < rows and the vector lies inside the row.
+            unsafe {
+                a[k] = load8(residual.add(off));
+                b[k] = load8(branch.add(off));
+            }
+        }
+        for k in 0..NV {
+            for i in 0..8 {
+                // Round the sum to f16 once; LayerNorm reads the rounded value.
+                v[k][i] = ((a[k][i] + b[k][i]) as f16) as f32;
+            }
+            let off = base + (k * L as usize + lane) * 8;
+            // SAFETY: as for the loads; `v` holds f16 values, so the store's
+            // rounding is exact. In place, this lane already read `off`.
+            unsafe { store8(residual_out.add(off), v[k]) };
+        }
+    }
+    let (mean, rstd) = moments::<W, L, NV>(&v, eps);
+    if active {
+        // SAFETY: row < rows; `y` row and affine vectors in bounds.
+        unsafe {
+            normalise_store::<W, L, NV, AFFINE>(&v, mean, rstd, y.add(base), gamma, beta, lane)
+        };
+    }
+}
+
+/// Writes `(v - mean) * rstd [* gamma + beta]` as halves: the lane's `NV`
+/// vectors of one row (vector `k * L + lane`) starting at `y_row`.
+///
+/// # Safety
+/// `y_row` valid for `W` halves, `gamma`/`beta` for `W` halves when
+/// `AFFINE`; all 16-byte aligned; `lane < L`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
+    v: &[[f32; 8]; NV],
+    mean: f32,
+    rstd: f32,
+    y_row: *mut u16,
+    gamma: *const u16,
+    beta: *const u16,
+    lane: usize,
+) {
+    for k in 0..NV {
+        let col = (k * L as usize + lane) * 8;
+        let mut o = [0.0f32; 8];
+        for i in 0..8 {
+            o[i] = (v[k][i] - mean) * rstd;
+        }
+        if AFFINE {
+            // SAFETY: col + 8 <= W.
+            let (g, b) = unsafe { (load8(gamma.add(col)), load8(beta.add(col))) };
+            for i in 0..8 {
+                o[i] = o[i] * g[i] + b[i];
+            }
+        }
+        // SAFETY: col + 8 <= W.
+        unsafe { store8(y_row.add(col), o) };
+    }
+}
+
+macro_rules! add_layer_norm_entries {
+    ($($plain:ident, $affine:ident: W = $w:literal, L = $l:literal, NV = $nv:literal;)*) => {$(
+        kernel! {
+            /// Residual add + LayerNorm without affine, fixed width.
+            pub fn $plain(residual: *const u16, branch: *const u16, residual_out: *mut u16, y: *mut u16, gamma: *const u16, beta: *const u16, rows: u64, eps: f32) {
+                // SAFETY: extents checked by the host API.
+                unsafe { add_layer_norm::<$w, $l, $nv, false>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
+            }
+        }
+        kernel! {
+            /// Residual add + LayerNorm with f16 gamma and beta, fixed width.
+            pub fn $affine(residual: *const u16, branch: *const u16, residual_out: *mut u16, y: *mut u16, gamma: *const u16, beta: *const u16, rows: u64, eps: f32) {
+                // SAFETY: extents checked by the host API.
+                unsafe { add_layer_norm::<$w, $l, $nv, true>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
+            }
+        }
+    )*};
+}
+
+// L and NV must equal wavefuse_shared::RowLayout::for_width(W); the
+// `layouts_match_shared` test below keeps them in step.
+add_layer_norm_entries! {
+    wf_add_layer_norm_192, wf_add_layer_norm_affine_192: W = 192, L = 8, NV = 3;
+    wf_add_layer_norm_384, wf_add_layer_norm_affine_384: W = 384, L = 16, NV = 3;
+    wf_add_layer_norm_768, wf_add_layer_norm_affine_768: W = 768, L = 32, NV = 3;
+}
+
+#[cfg(test)]
+mod tests {
+    use wavefuse_shared::RowLayout;
+
+    #[test]
+    fn layouts_match_shared() {
+        for (w, l, nv) in [(192, 8, 3), (384, 16, 3), (768, 32, 3)] {
+            let s = RowLayout::for_width(w).expect("supported");
+            assert_eq!((s.lanes, s.vecs_per_lane), (l, nv));
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! `y = gelu(x + bias)`: f16 `x` [rows, cols], f16 or bf16 `bias` [cols],
+//! f16 `y`; exact (erf) or tanh GELU from [`crate::math`].
+//!
+//! Rounding (PyTorch on CUDA): with an f16 bias, `x + b` is an f16 tensor op
+//! (f32 add rounded to f16) and GELU runs in f32 on that f16 value, rounded
+//! once: `y = f16(gelu(f16(x + b)))`. With a bf16 bias, f16 + bf16 promotes
+//! to f32: `y = f16(gelu(f32(x) + f32(b)))` (one f32 add, no f16 rounding
+//! before the GELU; the f32 result `.to(float16)`).
+//!
+//! Layout: a flat, element-wise kernel. Each thread of a [`GELU_BLOCK`]-thread
+//! workgroup handles [`GELU_PER_THREAD`] items (16-byte vectors of 8 halves
+//! on the vector path, single halves on the scalar path) `GELU_BLOCK` apart,
+//! so every load instruction of a wave covers contiguous memory. No
+//! collectives: out-of-range items are simply predicated off.
+use crate::math::{gelu_erf, gelu_tanh};
+use crate::vec::{V8, load8, store8};
+
+/// Threads per workgroup.
+pub const GELU_BLOCK: u32 = 256;
+/// Items (vectors or scalars) per thread.
+pub const GELU_PER_THREAD: u32 = 4;
+
+/// GELU of one f32 (erf or tanh form).
+#[inline(always)]
+fn gelu<const TANH: bool>(v: f32) -> f32 {
+    if TANH { gelu_tanh(v) } else { gelu_erf(v) }
+}
+
+/// `x + b` as PyTorch rounds it (see the module docs).
+#[inline(always)]
+fn add_bias<const BF16: bool>(x: f32, b: f32) -> f32 {
+    if BF16 { x + b } else { ((x + b) as f16) as f32 }
+}
+
+/// A bias half (f16 or bf16 bits) widened to f32.
+#[inline(always)]
+fn widen<const BF16: bool>(bits: u16) -> f32 {
+    if BF16 {
+        f32::from_bits(u32::from(bits) << 16)
+    } else {
+        f16::from_bits(bits) as f32
+    }
+}
+
+/// Vector path: `n_vec` vectors of 8 halves, `cols_vec` vectors per row.
+///
+/// # Safety
+/// `x`, `y` valid for `n_vec * 8` halves, `b` for `cols_vec * 8`, all
+/// 16-byte aligned; `cols_vec >= 1`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // constant trip counts keep values in registers
+pub unsafe fn bias_gelu_vec<const TANH: bool, const BF16: bool>(
+    x: *const u16,
+    b: *const u16,
+    y: *mut u16,
+    n_vec: u32,
+    cols_vec: u32,
+) {
+    const P: usize = GELU_PER_THREAD as usize;
+    let base = u64::from(crate::gpu::block_id()) * u64::from(GELU_BLOCK * GELU_PER_THREAD)
+        + u64::from(crate::gpu::thread_id());
+    let mut xv = [[0.0f32; 8]; P];
+    let mut bv = [[0.0f32; 8]; P];
+    let mut live = [false; P];
+    for k in 0..P {
+        let i = base + (k as u64) * u64::from(GELU_BLOCK);
+        live[k] = i < u64::from(n_vec);
+        if live[k] {
+            // i < n_vec <= u32::MAX.
+            let c = (i as u32) % cols_vec;
+            // SAFETY: i < n_vec and c < cols_vec; both aligned (caller).
+            let (xr, br) = unsafe {
+                (
+                    load8(x.add(i as usize * 8)),
+                    core::ptr::read(b.add(c as usize * 8).cast::<V8>()),
+                )
+            };
+            xv[k] = xr;
+            for e in 0..8 {
+                bv[k][e] = widen::<BF16>((br.0[e / 2] >> (16 * (e % 2))) as u16);
+            }
+        }
+    }
+    for k in 0..P {
+        if live[k] {
+            let mut o = [0.0f32; 8];
+            for e in 0..8 {
+                o[e] = gelu::<TANH>(add_bias::<BF16>(xv[k][e], bv[k][e]));
+            }
+            let i = base + (k as u64) * u64::from(GELU_BLOCK);
+            // SAFETY: as for the load.
+            unsafe { store8(y.add(i as usize * 8), o) };
+        }
+    }
+}
+
+/// Scalar path: `n` halves, `cols` per row (any alignment of 2 bytes).
+///
+/// # Safety
+/// `x`, `y` valid for `n` halves, `b` for `cols`; `cols >= 1`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub unsafe fn bias_gelu_scalar<const TANH: bool, const BF16: bool>(
+    x: *const u16,
+    b: *const u16,
+    y: *mut u16,
+    n: u32,
+    cols: u32,
+) {
+    const P: usize = GELU_PER_THREAD as usize;
+    let base = u64::from(crate::gpu::block_id()) * u64::from(GELU_BLOCK * GELU_PER_THREAD)
+        + u64::from(crate::gpu::thread_id());
+    let mut v = [0.0f32; P];
+    let mut live = [false; P];
+    for k in 0..P {
+        let i = base + (k as u64) * u64::from(GELU_BLOCK);
+        live[k] = i < u64::from(n);
+        if live[k] {
+            let c = (i as u32) % cols;
+            // SAFETY: i < n, c < cols (caller).
+            let (xr, br) = unsafe { (*x.add(i as usize), *b.add(c as usize)) };
+            v[k] = add_bias::<BF16>(f16::from_bits(xr) as f32, widen::<BF16>(br));
+        }
+    }
+    for k in 0..P {
+        if live[k] {
+            let i = base + (k as u64) * u64::from(GELU_BLOCK);
+            // SAFETY: i < n.
+            unsafe { *y.add(i as usize) = (gelu::<TANH>(v[k]) as f16).to_bits() };
+        }
+    }
+}
+
+macro_rules! bias_gelu_entries {
+    ($($vec:ident, $scalar:ident: TANH = $t:literal, BF16 = $b:literal, $doc:literal;)*) => {$(
+        kernel! {
+            #[doc = concat!("bias + GELU, 16-byte vector path: ", $doc)]
+            pub fn $vec(x: *const u16, b: *const u16, y: *mut u16, n_vec: u32, cols_vec: u32) {
+                // SAFETY: extents and alignment checked by the host API.
+                unsafe { bias_gelu_vec::<$t, $b>(x, b, y, n_vec, cols_vec) }
+            }
+        }
+        kernel! {
+            #[doc = concat!("bias + GELU, scalar path (any width / alignment): ", $doc)]
+            pub fn $scalar(x: *const u16, b: *const u16, y: *mut u16, n: u32, cols: u32) {
+                // SAFETY: extents checked by the host API.
+                unsafe { bias_gelu_scalar::<$t, $b>(x, b, y, n, cols) }
+            }
+        }
+    )*};
+}
+
+bias_gelu_entries! {
+    wf_bias_gelu_f16, wf_bias_gelu_f16_scalar: TANH = false, BF16 = false, "erf GELU, f16 bias.";
+    wf_bias_gelu_bf16, wf_bias_gelu_bf16_scalar: TANH = false, BF16 = true, "erf GELU, bf16 bias.";
+    wf_bias_gelu_tanh_f16, wf_bias_gelu_tanh_f16_scalar: TANH = true, BF16 = false, "tanh GELU, f16 bias.";
+    wf_bias_gelu_tanh_bf16, wf_bias_gelu_tanh_bf16_scalar: TANH = true, BF16 = true, "tanh GELU, bf16 bias.";
+}

@@ -1,0 +1,150 @@
+//! Gather of f16 tokens through an INT32 index table:
+//! `out[t] = idx[t] >= 0 ? src[idx[t]] : 0`.
+//!
+//! Tokens move as raw 16-byte vectors (bits are copied, never converted).
+//! The host validates the table once (every entry is `-1` or in `0..n_src`);
+//! the kernel still never reads out of bounds: any entry outside `0..n_src`
+//! (negative ones included) writes zeros.
+//!
+//! Fixed widths use [`wavefuse_shared::RowLayout`] (`L` lanes per token,
+//! `NV` vectors per lane); [`wf_gather_generic`] takes any width that is a
+//! multiple of 8 halves, with [`GENERIC_LANES`] lanes striding over a token.
+use crate::gpu;
+use crate::vec::V8;
+use wavefuse_shared::ROW_BLOCK;
+
+/// Lanes that share one token in [`wf_gather_generic`] (fits wave32 and wave64).
+pub const GENERIC_LANES: u32 = 32;
+
+/// The source token for output token `t`, or `None` for padding (and for
+/// any entry outside `0..n_src`).
+///
+/// # Safety
+/// `idx` valid for `t + 1` entries.
+#[inline(always)]
+pub unsafe fn source_of(idx: *const i32, t: u64, n_src: u64) -> Option<usize> {
+    // SAFETY: caller contract.
+    let s = unsafe { idx.add(t as usize).read() };
+    (s >= 0 && (s as u64) < n_src).then_some(s as usize)
+}
+
+/// One row group's gather at a fixed width.
+///
+/// # Safety
+/// `src` valid for `n_src * W` halves, `out` for `n_out * W`, `idx` for
+/// `n_out` entries; `src`/`out` 16-byte aligned and disjoint.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub unsafe fn gather_rows<const W: usize, const L: u32, const NV: usize>(
+    src: *const u16,
+    idx: *const i32,
+    out: *mut u16,
+    n_out: u64,
+    n_src: u64,
+) {
+    let tid = gpu::thread_id();
+    let lane = (tid % L) as usize;
+    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    if row >= n_out {
+        // No collectives in this kernel: exiting early is allowed.
+        return;
+    }
+    // SAFETY: row < n_out.
+    let s = unsafe { source_of(idx, row, n_src) };
+    let mut v = [V8([0; 4]); NV];
+    if let Some(s) = s {
+        for k in 0..NV {
+            let off = s * W + (k * L as usize + lane) * 8;
+            // SAFETY: s < n_src; the vector lies inside the token; aligned.
+            v[k] = unsafe { src.add(off).cast::<V8>().read() };
+        }
+    }
+    let base = row as usize * W;
+    for k in 0..NV {
+        let off = base + (k * L as usize + lane) * 8;
+        // SAFETY: row < n_out; the vector lies inside the token; aligned.
+        unsafe { out.add(off).cast::<V8>().write(v[k]) };
+    }
+}
+
+/// Gather at any width of `vecs` 16-byte vectors per token:
+/// [`GENERIC_LANES`] lanes per token, each striding over the vectors.
+///
+/// # Safety
+/// `src` valid for `n_src * vecs * 8` halves, `out` for `n_out * vecs * 8`,
+/// `idx` for `n_out` entries; `src`/`out` 16-byte aligned and disjoint.
+#[inline(always)]
+pub unsafe fn gather_any(
+    src: *const u16,
+    idx: *const i32,
+    out: *mut u16,
+    n_out: u64,
+    n_src: u64,
+    vecs: u64,
+) {
+    let tid = gpu::thread_id();
+    let lane = u64::from(tid % GENERIC_LANES);
+    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / GENERIC_LANES)
+        + u64::from(tid / GENERIC_LANES);
+    if row >= n_out {
+        // No collectives in this kernel: exiting early is allowed.
+        return;
+    }
+    // SAFETY: row < n_out.
+    let s = unsafe { source_of(idx, row, n_src) };
+    let src = src.cast::<V8>();
+    let out = out.cast::<V8>();
+    let mut j = lane;
+    while j < vecs {
+        let v = match s {
+            // SAFETY: s < n_src, j < vecs; aligned.
+            Some(s) => unsafe { src.add(s * vecs as usize + j as usize).read() },
+            None => V8([0; 4]),
+        };
+        // SAFETY: row < n_out, j < vecs; aligned.
+        unsafe { out.add(row as usize * vecs as usize + j as usize).write(v) };
+        j += u64::from(GENERIC_LANES);
+    }
+}
+
+macro_rules! gather_entries {
+    ($($name:ident: W = $w:literal, L = $l:literal, NV = $nv:literal;)*) => {$(
+        kernel! {
+            /// Token gather through an INT32 table, fixed width.
+            pub fn $name(src: *const u16, idx: *const i32, out: *mut u16, n_out: u64, n_src: u64) {
+                // SAFETY: extents checked by the host API.
+                unsafe { gather_rows::<$w, $l, $nv>(src, idx, out, n_out, n_src) }
+            }
+        }
+    )*};
+}
+
+// L and NV must equal wavefuse_shared::RowLayout::for_width(W); the
+// `layouts_match_shared` test below keeps them in step.
+gather_entries! {
+    wf_gather_192: W = 192, L = 8, NV = 3;
+    wf_gather_384: W = 384, L = 16, NV = 3;
+    wf_gather_768: W = 768, L = 32, NV = 3;
+}
+
+kernel! {
+    /// Token gather through an INT32 table, any width of `vecs` 16-byte
+    /// vectors (8 halves each) per token.
+    pub fn wf_gather_generic(src: *const u16, idx: *const i32, out: *mut u16, n_out: u64, n_src: u64, vecs: u64) {
+        // SAFETY: extents checked by the host API.
+        unsafe { gather_any(src, idx, out, n_out, n_src, vecs) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wavefuse_shared::RowLayout;
+
+    #[test]
+    fn layouts_match_shared() {
+        for (w, l, nv) in [(192, 8, 3), (384, 16, 3), (768, 32, 3)] {
+            let s = RowLayout::for_width(w).expect("supported");
+            assert_eq!((s.lanes, s.vecs_per_lane), (l, nv));
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! LayerNorm fused with a token gather (e.g. a window partition):
+//! `out[t] = idx[t] >= 0 ? LayerNorm(src[idx[t]]) : 0`, in one pass with no
+//! normalised intermediate. Numerics are exactly those of
+//! [`super::layer_norm`] (f32 two-pass moments, output rounded once).
+//!
+//! Layout: [`wavefuse_shared::RowLayout`] over OUTPUT rows. A padding row
+//! (and a row past the end) loads nothing but its lanes still join the
+//! group reductions; padding rows are written as zeros. An entry outside
+//! `0..n_src` (impossible after the host's validation) is treated as
+//! padding, never read.
+use super::add_layer_norm::normalise_store;
+use super::gather::source_of;
+use super::layer_norm::moments;
+use crate::gpu;
+use crate::vec::{V8, load8};
+use wavefuse_shared::ROW_BLOCK;
+
+/// One row group's gathered LayerNorm.
+///
+/// # Safety
+/// `src` valid for `n_src * W` halves, `out` for `n_out * W`, `idx` for
+/// `n_out` entries, `gamma`/`beta` for `W` halves when `AFFINE`; halves
+/// 16-byte aligned; `out` disjoint from every input.
+#[inline(always)]
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // constant indices keep the row in registers
+pub unsafe fn layer_norm_gather<
+    const W: usize,
+    const L: u32,
+    const NV: usize,
+    const AFFINE: bool,
+>(
+    src: *const u16,
+    idx: *const i32,
+    out: *mut u16,
+    gamma: *const u16,
+    beta: *const u16,
+    n_out: u64,
+    n_src: u64,
+    eps: f32,
+) {
+    let tid = gpu::thread_id();
+    let lane = (tid % L) as usize;
+    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    let active = row < n_out;
+    let s = if active {
+        // SAFETY: row < n_out.
+        unsafe { source_of(idx, row, n_src) }
+    } else {
+        None
+    };
+
+    let mut v = [[0.0f32; 8]; NV];
+    if let Some(s) = s {
+        for k in 0..NV {
+            // SAFETY: s < n_src and the vector lies inside the token.
+            v[k] = unsafe { load8(src.add(s * W + (k * L as usize + lane) * 8)) };
+        }
+    }
+    // Every lane of the group, active or not, joins the reductions.
+    let (mean, rstd) = moments::<W, L, NV>(&v, eps);
+    if active {
+        let base = row as usize * W;
+        if s.is_some() {
+            // SAFETY: row < n_out; `out` row and affine vectors in bounds.
+            unsafe {
+                normalise_store::<W, L, NV, AFFINE>(
+                    &v,
+                    mean,
+                    rstd,
+                    out.add(base),
+                    gamma,
+                    beta,
+                    lane,
+                )
+            };
+        } else {
+            for k in 0..NV {
+                // SAFETY: row < n_out; the vector lies inside the row; aligned.
+                unsafe {
+                    out.add(base + (k * L as usize + lane) * 8)
+                        .cast::<V8>()
+                        .write(V8([0; 4]))
+                };
+            }
+        }
+    }
+}
+
+macro_rules! layer_norm_gather_entries {
+    ($($plain:ident, $affine:ident: W = $w:literal, L = $l:literal, NV = $nv:literal;)*) => {$(
+        kernel! {
+            /// Gathered LayerNorm without affine, fixed width.
+            pub fn $plain(src: *const u16, idx: *const i32, out: *mut u16, gamma: *const u16, beta: *const u16, n_out: u64, n_src: u64, eps: f32) {
+                // SAFETY: extents checked by the host API.
+                unsafe { layer_norm_gather::<$w, $l, $nv, false>(src, idx, out, gamma, beta, n_out, n_src, eps) }
+            }
+        }
+        kernel! {
+            /// Gathered LayerNorm with f16 gamma and beta, fixed width.
+            pub fn $affine(src: *const u16, idx: *const i32, out: *mut u16, gamma: *const u16, beta: *const u16, n_out: u64, n_src: u64, eps: f32) {
+                // SAFETY: extents checked by the host API.
+                unsafe { layer_norm_gather::<$w, $l, $nv, true>(src, idx, out, gamma, beta, n_out, n_src, eps) }
+            }
+        }
+    )*};
+}
+
+// L and NV must equal wavefuse_shared::RowLayout::for_width(W); the
+// `layouts_match_shared` test below keeps them in step.
+layer_norm_gather_entries! {
+    wf_layer_norm_gather_192, wf_layer_norm_gather_affine_192: W = 192, L = 8, NV = 3;
+    wf_layer_norm_gather_384, wf_layer_norm_gather_affine_384: W = 384, L = 16, NV = 3;
+    wf_layer_norm_gather_768, wf_layer_norm_gather_affine_768: W = 768, L = 32, NV = 3;
+}
+
+#[cfg(test)]
+mod tests {
+    use wavefuse_shared::RowLayout;
+
+    #[test]
+    fn layouts_match_shared() {
+        for (w, l, nv) in [(192, 8, 3), (384, 16, 3), (768, 32, 3)] {
+            let s = RowLayout::for_width(w).expect("supported");
+            assert_eq!((s.lanes, s.vecs_per_lane), (l, nv));
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! The emulator's execution model: real exchanges, real barriers, and
+//! partial or divergent collectives reported instead of papered over.
+use std::sync::atomic::{AtomicU32, Ordering};
+use wavefuse_device::emu::{EmuError, LaunchConfig, launch};
+use wavefuse_device::gpu;
+
+fn cfg(block: u32, wave: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid: (3, 2),
+        block,
+        wave,
+        shared_bytes: 1024,
+    }
+}
+
+#[test]
+fn butterfly_exchanges_values_between_lanes() {
+    for wave in [32, 64] {
+        let bad = AtomicU32::new(0);
+        launch(&cfg(128, wave), &|| {
+            let t = gpu::thread_id();
+            for mask in [1, 2, 4, 8, 16] {
+                if gpu::shfl_xor_u32(t, mask) != t ^ mask {
+                    bad.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            // group_sum over 32 lanes of the lane index within the group.
+            let s = gpu::group_sum::<32>((t % 32) as f32);
+            if s != 496.0 {
+                bad.fetch_add(1, Ordering::Relaxed);
+            }
+            assert_eq!(gpu::wave_size(), wave);
+        })
+        .expect("clean launch");
+        assert_eq!(bad.load(Ordering::Relaxed), 0, "wave{wave}");
+    }
+}
+
+#[test]
+fn barrier_orders_workgroup_memory() {
+    let bad = AtomicU32::new(0);
+    launch(&cfg(256, 64), &|| {
+        let m = gpu::workgroup_mem::<u32>();
+        let t = gpu::thread_id();
+        // SAFETY: 256 u32 fit in the 1024-byte launch-sized memory.
+        unsafe { m.add(t as usize).write(t * 3 + gpu::block_id()) };
+        gpu::barrier();
+        let o = 255 - t;
+        // SAFETY: as above; written before the barrier by thread `o`.
+        let v = unsafe { m.add(o as usize).read() };
+        if v != o * 3 + gpu::block_id() {
+            bad.fetch_add(1, Ordering::Relaxed);
+        }
+    })
+    .expect("clean launch");
+    assert_eq!(bad.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn early_return_before_exchange_is_a_partial_collective() {
+    let e = launch(&cfg(64, 32), &|| {
+        if gpu::thread_id() % 32 == 5 {
+            return;
+        }
+        gpu::shfl_xor_u32(1, 1);
+    });
+    assert!(
+        matches!(e, Err(EmuError::PartialCollective { exited: 1, .. })),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn lanes_at_different_exchanges_are_divergent() {
+    let e = launch(&cfg(64, 64), &|| {
+        let m = if gpu::thread_id() < 8 { 1 } else { 2 };
+        gpu::shfl_xor_u32(1, m);
+    });
+    assert!(
+        matches!(e, Err(EmuError::DivergentCollective { .. })),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn barrier_missed_by_exited_threads_is_reported() {
+    let e = launch(&cfg(128, 64), &|| {
+        if gpu::thread_id() >= 64 {
+            return;
+        }
+        gpu::barrier();
+    });
+    assert!(
+        matches!(e, Err(EmuError::PartialBarrier { exited: 64, .. })),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn traps_are_reported_not_hung() {
+    let e = launch(&cfg(64, 32), &|| {
+        if gpu::block_id() == 1 && gpu::thread_id() == 3 {
+            gpu::trap();
+        }
+    });
+    assert!(matches!(e, Err(EmuError::Trap { thread: 3, .. })), "{e:?}");
+}
+
+#[test]
+fn malformed_launches_are_rejected() {
+    assert!(matches!(
+        launch(&cfg(48, 32), &|| {}),
+        Err(EmuError::BadConfig(_))
+    ));
+    assert!(matches!(
+        launch(&cfg(64, 16), &|| {}),
+        Err(EmuError::BadConfig(_))
+    ));
+}

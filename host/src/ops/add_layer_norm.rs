@@ -1,0 +1,190 @@
+//! Residual add + LayerNorm in one pass.
+//!
+//! Contract (matches the unfused PyTorch path `r = residual + branch;
+//! y = F.layer_norm(r, ...)` on f16 CUDA tensors):
+//! - `r = f16(residual + branch)`: the f16 sum, rounded once to nearest-even
+//!   (an f32 add of the two halves rounded to f16 is the correctly rounded
+//!   f16 sum); an overflow gives ±Inf as in PyTorch. `r` is written out.
+//! - `y` is the LayerNorm of the ROUNDED `r` (never of the unrounded f32
+//!   sum), with the numerics of [`crate::layer_norm`]: f32 mean and biased
+//!   variance, `* gamma + beta` in f32 when affine, rounded once to f16. A
+//!   row holding NaN or Inf gives NaN everywhere in that row of `y`.
+//!
+//! Engines keep the residual stream in one buffer and update it in place:
+//! [`add_layer_norm`] takes `residual` as in/out. [`add_layer_norm_to`]
+//! writes the sum to a separate buffer and leaves `residual` untouched.
+//! The kernel reads each input element once and writes `r` and `y` once.
+use super::Check;
+use super::layer_norm::Affine;
+use crate::backend::{Arg, Launch};
+use crate::buffer::{Span, View, ViewMut};
+use crate::device::Device;
+use crate::{Error, Result};
+use half::f16;
+use wavefuse_shared::layout::{LN_WIDTHS, ROW_BLOCK, RowLayout};
+
+const OP: &str = "add_layer_norm";
+
+/// The kernel entry point for a width (`None` when unsupported).
+pub(crate) fn kernel_name(width: usize, affine: bool) -> Option<&'static str> {
+    Some(match (width, affine) {
+        (192, false) => "wf_add_layer_norm_192",
+        (384, false) => "wf_add_layer_norm_384",
+        (768, false) => "wf_add_layer_norm_768",
+        (192, true) => "wf_add_layer_norm_affine_192",
+        (384, true) => "wf_add_layer_norm_affine_384",
+        (768, true) => "wf_add_layer_norm_affine_768",
+        _ => return None,
+    })
+}
+
+/// In place: `residual = f16(residual + branch)`, then
+/// `y = LayerNorm(residual)` (of the rounded sum), over rows of `width`
+/// (192, 384 or 768).
+///
+/// `residual`, `branch` and `y` are [rows, width] (rows >= 1), 16-byte
+/// aligned, pairwise disjoint. `gamma`/`beta` (when affine) are `width`
+/// long, 16-byte aligned and must not overlap `residual` or `y`. Every
+/// check runs before the launch; on an error nothing is written.
+pub fn add_layer_norm(
+    dev: &Device,
+    residual: &mut ViewMut<'_, f16>,
+    branch: &View<'_, f16>,
+    y: &mut ViewMut<'_, f16>,
+    width: usize,
+    affine: Option<Affine<'_, '_>>,
+    eps: f32,
+) -> Result<()> {
+    let r = Span::from(&*residual);
+    run(
+        dev,
+        r,
+        Span::from(branch),
+        None,
+        Span::from(&*y),
+        width,
+        affine,
+        eps,
+    )
+}
+
+/// Out of place: `residual_out = f16(residual + branch)`, then
+/// `y = LayerNorm(residual_out)` (of the rounded sum); `residual` is only
+/// read.
+///
+/// All four tensors are [rows, width] (rows >= 1), 16-byte aligned; the
+/// outputs `residual_out` and `y` must not overlap each other or any
+/// input (for in-place use call [`add_layer_norm`]). Every check runs
+/// before the launch.
+#[allow(clippy::too_many_arguments)]
+pub fn add_layer_norm_to(
+    dev: &Device,
+    residual: &View<'_, f16>,
+    branch: &View<'_, f16>,
+    residual_out: &mut ViewMut<'_, f16>,
+    y: &mut ViewMut<'_, f16>,
+    width: usize,
+    affine: Option<Affine<'_, '_>>,
+    eps: f32,
+) -> Result<()> {
+    let out = Span::from(&*residual_out);
+    run(
+        dev,
+        Span::from(residual),
+        Span::from(branch),
+        Some(out),
+        Span::from(&*y),
+        width,
+        affine,
+        eps,
+    )
+}
+
+/// Checks and launches; `rout == None` means in place (`residual` is
+/// written).
+#[allow(clippy::too_many_arguments)]
+fn run(
+    dev: &Device,
+    res: Span,
+    br: Span,
+    rout: Option<Span>,
+    ys: Span,
+    width: usize,
+    affine: Option<Affine<'_, '_>>,
+    eps: f32,
+) -> Result<()> {
+    let c = Check { dev, op: OP };
+    let unsupported = Error::UnsupportedWidth {
+        op: OP,
+        width,
+        supported: &LN_WIDTHS,
+    };
+    let (Some(name), Some(layout)) = (
+        kernel_name(width, affine.is_some()),
+        RowLayout::for_width(width),
+    ) else {
+        return Err(unsupported);
+    };
+    let in_place = rout.is_none();
+    let (rout, rout_name) = match rout {
+        Some(s) => (s, "residual_out"),
+        None => (res, "residual"),
+    };
+    c.same_device(&res, "residual")?;
+    c.same_device(&br, "branch")?;
+    c.same_device(&rout, rout_name)?;
+    c.same_device(&ys, "y")?;
+    let rows = c.rows(&res, "residual", width)?;
+    c.len(&br, "branch", res.len)?;
+    c.len(&rout, rout_name, res.len)?;
+    c.len(&ys, "y", res.len)?;
+    c.aligned(&res, "residual")?;
+    c.aligned(&br, "branch")?;
+    c.aligned(&rout, rout_name)?;
+    c.aligned(&ys, "y")?;
+    // Outputs are disjoint from everything else (in place, `residual` IS
+    // the residual output: the one allowed coincidence).
+    c.disjoint(&br, "branch", &rout, rout_name)?;
+    c.disjoint(&ys, "y", &rout, rout_name)?;
+    c.disjoint(&br, "branch", &ys, "y")?;
+    if !in_place {
+        c.disjoint(&res, "residual", &rout, rout_name)?;
+        c.disjoint(&res, "residual", &ys, "y")?;
+    }
+    c.finite_nonneg(eps, "eps")?;
+    let (g, b) = match affine {
+        Some(a) => {
+            let (gs, bs) = (Span::from(a.gamma), Span::from(a.beta));
+            for (s, n) in [(&gs, "gamma"), (&bs, "beta")] {
+                c.same_device(s, n)?;
+                c.len(s, n, width)?;
+                c.aligned(s, n)?;
+                c.disjoint(s, n, &ys, "y")?;
+                c.disjoint(s, n, &rout, rout_name)?;
+            }
+            (gs.ptr, bs.ptr)
+        }
+        None => (0, 0),
+    };
+    let grid = c.grid(rows, layout.blocks_for(rows))?;
+    let l = Launch {
+        grid: (grid, 1),
+        block: ROW_BLOCK,
+        shared_bytes: 0,
+    };
+    let args = [
+        Arg::Ptr(res.ptr),
+        Arg::Ptr(br.ptr),
+        Arg::Ptr(rout.ptr),
+        Arg::Ptr(ys.ptr),
+        Arg::Ptr(g),
+        Arg::Ptr(b),
+        Arg::U64(rows as u64),
+        Arg::F32(eps),
+    ];
+    // SAFETY: extents, alignment and aliasing checked above (the kernel
+    // reads and writes each residual element from the same lane, so
+    // `residual_out == residual` is race-free); the argument list matches
+    // the kernel signature in wavefuse-device.
+    unsafe { dev.be.launch(name, l, &args) }
+}

@@ -1,0 +1,207 @@
+//! Token gather through a validated INT32 index table.
+//!
+//! Contract: `out[t] = table[t] >= 0 ? src[table[t]] : 0` over tokens of
+//! `width` halves. Tokens are moved bit for bit (NaN payloads included);
+//! padding tokens are `+0.0`. The table is validated once, when the
+//! [`GatherPlan`] is built (every entry `-1` or in `0..n_src`), and lives on
+//! the device; each [`gather`] then only checks shapes.
+use super::Check;
+use crate::backend::{Arg, Launch};
+use crate::buffer::{DeviceBuffer, Span, View, ViewMut};
+use crate::device::Device;
+use crate::{Error, Result};
+use half::f16;
+use wavefuse_device::kernels::GENERIC_LANES;
+use wavefuse_shared::index::{self, IndexError};
+use wavefuse_shared::layout::{ROW_BLOCK, RowLayout, VEC_HALVES};
+
+/// A validated gather table on one device: output token `t` copies source
+/// token `table[t]`, or is zero when `table[t] == -1`
+/// ([`wavefuse_shared::PAD`]).
+///
+/// Build it once per layout (e.g. per window partition) and reuse it for
+/// every launch; the same plan serves [`gather`] and
+/// [`crate::layer_norm_gather`] at any width.
+pub struct GatherPlan {
+    table: DeviceBuffer<i32>,
+    n_src: usize,
+    pads: usize,
+}
+
+impl std::fmt::Debug for GatherPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatherPlan")
+            .field("len", &self.len())
+            .field("n_src", &self.n_src)
+            .field("pads", &self.pads)
+            .finish()
+    }
+}
+
+impl GatherPlan {
+    /// Validates `table` against `n_src` source tokens and uploads it.
+    ///
+    /// Errors: an empty table ([`Error::Empty`]), `n_src == 0`, or an entry
+    /// that is neither `-1` nor in `0..n_src` ([`Error::BadParameter`] with
+    /// `what == "table"`, naming the first bad position).
+    pub fn new(dev: &Device, table: &[i32], n_src: usize) -> Result<GatherPlan> {
+        const OP: &str = "gather_plan";
+        if table.is_empty() {
+            return Err(Error::Empty {
+                op: OP,
+                what: "table",
+            });
+        }
+        if n_src == 0 {
+            return Err(Error::BadParameter {
+                op: OP,
+                what: "n_src",
+                value: "0".into(),
+                why: "must be >= 1",
+            });
+        }
+        index::validate(table, n_src).map_err(|e| match e {
+            IndexError::OutOfRange {
+                position,
+                value,
+                n_src,
+            } => Error::BadParameter {
+                op: OP,
+                what: "table",
+                value: format!("table[{position}] = {value} (n_src = {n_src})"),
+                why: "entries must be -1 (padding) or in 0..n_src",
+            },
+        })?;
+        let pads = table.iter().filter(|&&v| v == index::PAD).count();
+        Ok(GatherPlan {
+            table: dev.upload(table)?,
+            n_src,
+            pads,
+        })
+    }
+
+    /// Output tokens (entries of the table; never 0).
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Always false: an empty table is rejected by [`GatherPlan::new`].
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// Source tokens the table was validated against.
+    pub fn n_src(&self) -> usize {
+        self.n_src
+    }
+
+    /// Padding (zero) output tokens.
+    pub fn pads(&self) -> usize {
+        self.pads
+    }
+
+    /// The device the table lives on.
+    pub fn device(&self) -> &Device {
+        self.table.device()
+    }
+
+    /// The table on the device.
+    pub fn table(&self) -> View<'_, i32> {
+        self.table.view()
+    }
+}
+
+/// Shared argument checks of the gather family: the plan is on `dev`,
+/// `src` holds `plan.n_src()` tokens and `out` `plan.len()` tokens of
+/// `width`, both aligned and disjoint. Returns the table's address.
+pub(crate) fn check_plan(
+    c: &Check<'_>,
+    plan: &GatherPlan,
+    src: &Span,
+    out: &Span,
+    width: usize,
+) -> Result<u64> {
+    c.dev.check_same(plan.device().id, c.op, "plan")?;
+    c.same_device(src, "src")?;
+    c.same_device(out, "out")?;
+    let n_src = c.rows(src, "src", width)?;
+    if n_src != plan.n_src {
+        return Err(Error::LengthMismatch {
+            op: c.op,
+            what: "src (tokens)",
+            got: n_src,
+            expected: plan.n_src,
+        });
+    }
+    let n_out = c.rows(out, "out", width)?;
+    if n_out != plan.len() {
+        return Err(Error::LengthMismatch {
+            op: c.op,
+            what: "out (tokens)",
+            got: n_out,
+            expected: plan.len(),
+        });
+    }
+    c.aligned(src, "src")?;
+    c.aligned(out, "out")?;
+    c.disjoint(src, "src", out, "out")?;
+    Ok(plan.table.device_ptr())
+}
+
+/// `out[t] = plan[t] >= 0 ? src[plan[t]] : 0` over tokens of `width`
+/// halves: any positive multiple of 8 (192, 384 and 768 have dedicated
+/// kernels; other widths use a generic vector loop).
+///
+/// `src` is [plan.n_src(), width], `out` is [plan.len(), width]; both
+/// 16-byte aligned and disjoint. Every check runs before the launch.
+pub fn gather(
+    dev: &Device,
+    plan: &GatherPlan,
+    src: &View<'_, f16>,
+    out: &mut ViewMut<'_, f16>,
+    width: usize,
+) -> Result<()> {
+    let c = Check { dev, op: "gather" };
+    if width == 0 || width % VEC_HALVES != 0 {
+        return Err(Error::BadParameter {
+            op: c.op,
+            what: "width",
+            value: width.to_string(),
+            why: "must be a positive multiple of 8 (16-byte vectors)",
+        });
+    }
+    let (ss, os) = (Span::from(src), Span::from(&*out));
+    let table = check_plan(&c, plan, &ss, &os, width)?;
+    let n_out = plan.len();
+    let fixed = match width {
+        192 => Some("wf_gather_192"),
+        384 => Some("wf_gather_384"),
+        768 => Some("wf_gather_768"),
+        _ => None,
+    };
+    let mut args = vec![
+        Arg::Ptr(ss.ptr),
+        Arg::Ptr(table),
+        Arg::Ptr(os.ptr),
+        Arg::U64(n_out as u64),
+        Arg::U64(plan.n_src as u64),
+    ];
+    let (name, blocks) = match (fixed, RowLayout::for_width(width)) {
+        (Some(name), Some(layout)) => (name, layout.blocks_for(n_out)),
+        _ => {
+            args.push(Arg::U64((width / VEC_HALVES) as u64));
+            let per_block = (ROW_BLOCK / GENERIC_LANES) as usize;
+            ("wf_gather_generic", n_out.div_ceil(per_block))
+        }
+    };
+    let grid = c.grid(n_out, blocks)?;
+    let l = Launch {
+        grid: (grid, 1),
+        block: ROW_BLOCK,
+        shared_bytes: 0,
+    };
+    // SAFETY: the table was validated against n_src and lives as long as
+    // `plan`; extents, alignment and aliasing checked above; the argument
+    // list matches the kernel signature in wavefuse-device.
+    unsafe { dev.be.launch(name, l, &args) }
+}

@@ -1,0 +1,146 @@
+//! Timing: cold first launch, warm-up, per-launch device events over
+//! rotated input sets, and a same-byte device copy in the same run.
+use crate::cases::{Case, Instance};
+use serde::Serialize;
+use wavefuse::{Device, DeviceBuffer, f16};
+
+/// One case's measured result (one JSON record).
+#[derive(Serialize, Clone)]
+pub struct Record {
+    pub variant: String,
+    pub shape: String,
+    pub dtype: &'static str,
+    pub bytes: usize,
+    pub sets: usize,
+    pub reps: usize,
+    pub cold_first_launch_us: f64,
+    pub median_us: f64,
+    pub p10_us: f64,
+    pub p90_us: f64,
+    pub raw_us: Vec<f64>,
+    pub gbps: f64,
+    pub copy_median_us: f64,
+    pub copy_raw_us: Vec<f64>,
+    pub copy_gbps: f64,
+    pub pct_of_copy: f64,
+    pub mem_used_before: usize,
+    pub mem_used_after: usize,
+    pub max_err_ulp: f64,
+    pub correct: bool,
+}
+
+fn used(dev: &Device) -> usize {
+    dev.mem_info().map(|(f, t)| t.saturating_sub(f)).unwrap_or(0)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+/// Input sets so the working set is >= 4x the last-level cache.
+fn n_sets(dev: &Device, bytes: usize) -> usize {
+    let l2 = dev.info().l2_bytes;
+    if l2 == 0 {
+        return 2;
+    }
+    (4 * l2).div_ceil(bytes.max(1)).clamp(2, 64)
+}
+
+fn time_loop(
+    dev: &Device,
+    reps: usize,
+    mut f: impl FnMut(usize) -> wavefuse::Result<()>,
+) -> wavefuse::Result<Vec<f64>> {
+    let mut out = Vec::with_capacity(reps);
+    for i in 0..reps {
+        let a = dev.record()?;
+        f(i)?;
+        let b = dev.record()?;
+        out.push(b.elapsed_ms(&a)? as f64 * 1e3);
+    }
+    Ok(out)
+}
+
+pub fn run_case(dev: &Device, case: &dyn Case, reps: usize) -> Result<Record, String> {
+    let e = |e: wavefuse::Error| e.to_string();
+    dev.synchronize().map_err(e)?;
+    let before = used(dev);
+    let bytes = case.bytes();
+    let sets = n_sets(dev, bytes);
+    let mut inst: Vec<Box<dyn Instance>> = Vec::with_capacity(sets);
+    for s in 0..sets {
+        inst.push(case.setup(dev, 0x5EED ^ s as u64).map_err(e)?);
+    }
+    // Cold: the first launch of this kernel on this device in this process
+    // (module load is reported separately in DeviceInfo::load_ms).
+    let cold = time_loop(dev, 1, |_| inst[0].launch(dev)).map_err(e)?[0];
+    for i in 0..10.min(reps.max(1)) {
+        inst[i % sets].launch(dev).map_err(e)?;
+    }
+    let raw = time_loop(dev, reps, |i| inst[i % sets].launch(dev)).map_err(e)?;
+    // Correctness of what was timed: the last launch's output of every set
+    // is checked against the f64 oracle.
+    let mut max_err = 0.0f64;
+    let mut correct = true;
+    dev.synchronize().map_err(e)?;
+    for i in inst.iter() {
+        match i.check() {
+            Ok(err) => max_err = max_err.max(err),
+            Err(msg) => {
+                eprintln!("\n{} {}: {msg}", case.name(), case.shape());
+                correct = false;
+            }
+        }
+    }
+    drop(inst);
+    // Copy of the same byte count (read + written = bytes), rotated alike.
+    let half_elems = (bytes / 2).div_ceil(2);
+    let mut src: Vec<DeviceBuffer<f16>> = Vec::new();
+    let mut dst: Vec<DeviceBuffer<f16>> = Vec::new();
+    for _ in 0..sets {
+        src.push(dev.upload(&vec![f16::from_f32(1.5); half_elems]).map_err(e)?);
+        dst.push(dev.alloc::<f16>(half_elems).map_err(e)?);
+    }
+    for i in 0..10.min(reps.max(1)) {
+        dst[i % sets].copy_from(&src[i % sets]).map_err(e)?;
+    }
+    let copy_raw = time_loop(dev, reps, |i| dst[i % sets].copy_from(&src[i % sets])).map_err(e)?;
+    drop((src, dst));
+    dev.synchronize().map_err(e)?;
+    let after = used(dev);
+
+    let mut s = raw.clone();
+    s.sort_by(f64::total_cmp);
+    let mut cs = copy_raw.clone();
+    cs.sort_by(f64::total_cmp);
+    let median = percentile(&s, 0.5);
+    let copy_median = percentile(&cs, 0.5);
+    let gbps = bytes as f64 / (median * 1e-6) / 1e9;
+    let copy_gbps = (half_elems * 4) as f64 / (copy_median * 1e-6) / 1e9;
+    Ok(Record {
+        variant: case.name(),
+        shape: case.shape(),
+        dtype: "f16",
+        bytes,
+        sets,
+        reps,
+        cold_first_launch_us: cold,
+        median_us: median,
+        p10_us: percentile(&s, 0.1),
+        p90_us: percentile(&s, 0.9),
+        raw_us: raw,
+        gbps,
+        copy_median_us: copy_median,
+        copy_raw_us: copy_raw,
+        copy_gbps,
+        pct_of_copy: 100.0 * copy_median / median,
+        mem_used_before: before,
+        mem_used_after: after,
+        max_err_ulp: max_err,
+        correct,
+    })
+}

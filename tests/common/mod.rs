@@ -1,0 +1,76 @@
+//! Shared test support: the backends to test, f64 oracles, ulp measures,
+//! poisoning and a small PRNG for fresh inputs.
+#![allow(dead_code)]
+
+pub mod oracle;
+
+use half::f16;
+use wavefuse::{BackendKind, Device};
+
+/// Every backend present: CUDA/HIP when a device exists, CPU emulator in
+/// wave64 and wave32 always.
+///
+/// `WAVEFUSE_TEST_GPU_ONLY=1` keeps only GPU backends (sanitizer runs).
+pub fn devices() -> Vec<Device> {
+    let d = Device::all_present();
+    if std::env::var_os("WAVEFUSE_TEST_GPU_ONLY").is_some() {
+        return d
+            .into_iter()
+            .filter(|d| d.info().backend != BackendKind::Cpu)
+            .collect();
+    }
+    assert!(
+        d.iter()
+            .filter(|d| d.info().backend == BackendKind::Cpu)
+            .count()
+            == 2,
+        "both emulator modes must be present"
+    );
+    d
+}
+
+/// f16 NaN with a payload that no kernel produces: outputs are filled with
+/// it before each launch, so an element the kernel did not write stays
+/// recognisably poisoned.
+pub const POISON: f16 = f16::from_bits(0x7e5a);
+
+/// Distance in f16 ulps between `got` and the exact value `want`, where the
+/// ulp is that of `want` in f16 (floored at the smallest normal's ulp).
+pub fn ulp_err(got: f16, want: f64) -> f64 {
+    let g = got.to_f64();
+    let a = want.abs().max(f16::MIN_POSITIVE.to_f64());
+    let e = a.log2().floor();
+    let ulp = 2f64.powf(e - 10.0);
+    (g - want).abs() / ulp
+}
+
+/// splitmix64: tests draw fresh inputs from a proptest-chosen seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Approximately normal (sum of uniforms).
+    pub fn normal(&mut self) -> f64 {
+        (0..4).map(|_| self.unit()).sum::<f64>() * 1.732 - 3.464
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// Halves `offset + scale * N(0,1)`, saturating to the f16 range.
+pub fn halves(rng: &mut Rng, n: usize, scale: f64, offset: f64) -> Vec<f16> {
+    (0..n)
+        .map(|_| f16::from_f64((offset + scale * rng.normal()).clamp(-65504.0, 65504.0)))
+        .collect()
+}

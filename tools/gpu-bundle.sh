@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Builds bundle/: a self-contained folder that runs wavefuse's kernel suite,
+# harness and PyTorch peers on a GPU host with no Rust toolchain
+# (glibc >= 2.36). Release builds, stripped.
+#   tools/gpu-bundle.sh            # build
+#   bundle/run.sh OUTDIR [quick]   # on the GPU host
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf bundle && mkdir -p bundle/bin
+cargo build --release --bin wavefuse-suite
+cp target/release/wavefuse-suite bundle/bin/
+# Every integration-test binary of the workspace, release profile.
+cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        name = m["target"]["name"]
+        if m["target"]["kind"] == ["lib"]: name = m["target"]["name"] + "-lib"
+        shutil.copy(m["executable"], "bundle/bin/test-" + name)
+'
+strip bundle/bin/* 2>/dev/null || true
+cp benches/*.py bundle/ 2>/dev/null || true
+cat > bundle/run.sh <<'RUN'
+#!/usr/bin/env bash
+# Runs on the GPU host: suite, sanitizers, harness, peers. Logs to $1.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${1:?usage: run.sh OUTDIR [quick]}"; mode="${2:-full}"
+mkdir -p "$out"
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader; } > "$out/meta.txt" 2>&1
+pass=0; fail=0
+for t in "$here"/bin/test-*; do
+  n=$(basename "$t")
+  # static AMD checks need llvm-tools: they run in CI, not here
+  [ "$n" = "test-amd_static" ] && continue
+  if "$t" --test-threads=4 > "$out/$n.log" 2>&1; then s=ok; else s=FAILED; fi
+  r=$(grep -E "^test result:" "$out/$n.log" | tail -1)
+  echo "$n: $s  $r" | tee -a "$out/suite.txt"
+  p=$(echo "$r" | sed -nE 's/.* ([0-9]+) passed.*/\1/p'); f=$(echo "$r" | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
+  pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0}))
+done
+echo "suite: $pass passed, $fail failed" | tee -a "$out/suite.txt"
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    for t in "$here"/bin/test-*; do
+      n=$(basename "$t"); case "$n" in test-amd_static|test-emu|test-*-lib|test-hip*) continue;; esac
+      WAVEFUSE_TEST_GPU_ONLY=1 compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=1 > "$out/san-$tool-$n.log" 2>&1
+      echo "$tool $n: rc=$? $(grep -E 'ERROR SUMMARY|test result' "$out/san-$tool-$n.log" | tr '\n' ' ')" | tee -a "$out/sanitizer.txt"
+    done
+  done
+fi
+args=(); [ "$mode" = quick ] && args=(--reps 30)
+"$here/bin/wavefuse-suite" --backend cuda --out "$out/harness" "${args[@]}" 2>"$out/harness.err" | tee "$out/harness.txt"
+if [ -f "$here/peers.py" ] && [ "$mode" != nopeers ]; then
+  PYTHONUNBUFFERED=1 python3 "$here/peers.py" --out "$out/harness/peers.jsonl" $([ "$mode" = quick ] && echo --quick) > "$out/peers.txt" 2>"$out/peers.err"
+  [ -f "$here/compare.py" ] && python3 "$here/compare.py" "$out/harness/results.jsonl" "$out/harness/peers.jsonl" | tee "$out/compare.md"
+fi
+RUN
+chmod +x bundle/run.sh
+du -sh bundle; ls -la bundle/bin
