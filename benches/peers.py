@@ -6,7 +6,7 @@ measured in the same run.
 
     python3 benches/peers.py [--out peers.jsonl] [--only SUBSTRING] [--quick]
                              [--no-compile] [--reps N] [--warmup N]
-                             [--no-launch-ahead]
+                             [--no-launch-ahead] [--list] [--verbose]
 
 Runs on CUDA and ROCm builds of PyTorch alike (device "cuda", torch APIs only;
 triton is only asked for its version).
@@ -69,6 +69,23 @@ window types, and (8,181,360) -> padded (8,186,360): N = 4*31*30 = 3720
 windows, 124 window types (type = z_window * (Hp/6) + h_window). Mask slot of
 a window: 4*(last z window) + 2*(last h window) + (last w window), 8 slots.
 
+Implementations worth knowing about:
+  gather                 F.pad (zeros at the end of each dim, up to the window)
+                         -> torch.roll(shifts=(-1,-3,-6), dims=(0,1,2)) ->
+                         view/permute to windows -> .contiguous().view(-1, C)
+  gather_index_select    torch.index_select(src, 0, idx): src is the grid as
+                         [Z*H*W + 1, C] with a zero last row (built with the
+                         input set, not per call), idx the int64 source row of
+                         every output token, Z*H*W for pad tokens; the eager
+                         run checks it equals gather's output (matches_gather)
+  qkv_split              q = (qkv[0] * scale).contiguous(): a pointwise op keeps
+                         the permuted input layout, so .contiguous() is needed
+                         for the compact [N,H,144,32] layout the harness writes
+  bias_mask_*            attn + bias[type_idx].view(N,H,144,144)
+                         + mask[slot_idx].view(N,1,144,144), as Pangu writes it
+Compiled versions record max_abs_diff_vs_eager (on input set 0); --list
+prints the cases and their byte counts without a GPU.
+
 Output: JSON lines (--out, default peers.jsonl), one record per
 (variant, shape, impl), impl in {eager, compile, compile_max_autotune, copy}.
 A failed implementation gets a record with "error" and null timings.
@@ -76,6 +93,7 @@ A failed implementation gets a record with "error" and null timings.
 
 import argparse
 import datetime
+import importlib
 import json
 import math
 import sys
@@ -441,8 +459,13 @@ def env_fields(l2):
         triton_v = triton.__version__
     except Exception:
         triton_v = None
+    try:  # CUDA builds only (e.g. 13000 for CUDA 13.0); None elsewhere
+        driver = int(torch._C._cuda_getDriverVersion())
+    except Exception:
+        driver = None
     return {
         "torch": torch.__version__,
+        "cuda_driver": driver,
         "triton": triton_v,
         "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
@@ -452,9 +475,18 @@ def env_fields(l2):
     }
 
 
+def finite(v):
+    """JSON-safe: non-finite floats become strings ("nan", "inf")."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, list):
+        return [finite(x) for x in v]
+    return v
+
+
 def reset_compiler():
     try:
-        torch._dynamo.reset()
+        importlib.import_module("torch._dynamo").reset()
     except Exception:
         pass
 
@@ -587,7 +619,8 @@ def main(argv=None):
     props = torch.cuda.get_device_properties(0)
     l2 = int(getattr(props, "L2_cache_size", 0) or 0)
     try:
-        torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
+        cfg = importlib.import_module("torch._dynamo").config
+        cfg.cache_size_limit = max(64, cfg.cache_size_limit)
     except Exception:
         pass
     env = env_fields(l2)
@@ -602,7 +635,7 @@ def main(argv=None):
             nonlocal n_err
             if r.get("error"):
                 n_err += 1
-            f.write(json.dumps(r) + "\n")
+            f.write(json.dumps({k: finite(v) for k, v in r.items()}) + "\n")
             f.flush()
 
         for i, case in enumerate(cases):

@@ -51,19 +51,24 @@ pub unsafe fn gather_rows<const W: usize, const L: u32, const NV: usize>(
     }
     // SAFETY: row < n_out.
     let s = unsafe { source_of(idx, row, n_src) };
-    let mut v = [V8([0; 4]); NV];
+    // Plain u32 words with constant indices stay in registers (an array of
+    // `V8` went to scratch on gfx90a); every load is issued before any store.
+    let mut v = [[0u32; 4]; NV];
     if let Some(s) = s {
         for k in 0..NV {
             let off = s * W + (k * L as usize + lane) * 8;
             // SAFETY: s < n_src; the vector lies inside the token; aligned.
-            v[k] = unsafe { src.add(off).cast::<V8>().read() };
+            let r = unsafe { src.add(off).cast::<V8>().read() };
+            for i in 0..4 {
+                v[k][i] = r.0[i];
+            }
         }
     }
     let base = row as usize * W;
     for k in 0..NV {
         let off = base + (k * L as usize + lane) * 8;
         // SAFETY: row < n_out; the vector lies inside the token; aligned.
-        unsafe { out.add(off).cast::<V8>().write(v[k]) };
+        unsafe { out.add(off).cast::<V8>().write(V8(v[k])) };
     }
 }
 
@@ -96,13 +101,21 @@ pub unsafe fn gather_any(
     let out = out.cast::<V8>();
     let mut j = lane;
     while j < vecs {
-        let v = match s {
+        // Plain words, copied one by one: a `V8` temporary went to local
+        // memory on NVPTX.
+        let mut w = [0u32; 4];
+        if let Some(s) = s {
             // SAFETY: s < n_src, j < vecs; aligned.
-            Some(s) => unsafe { src.add(s * vecs as usize + j as usize).read() },
-            None => V8([0; 4]),
-        };
+            let r = unsafe { src.add(s * vecs as usize + j as usize).read() };
+            for i in 0..4 {
+                w[i] = r.0[i];
+            }
+        }
         // SAFETY: row < n_out, j < vecs; aligned.
-        unsafe { out.add(row as usize * vecs as usize + j as usize).write(v) };
+        unsafe {
+            out.add(row as usize * vecs as usize + j as usize)
+                .write(V8(w))
+        };
         j += u64::from(GENERIC_LANES);
     }
 }

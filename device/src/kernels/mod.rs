@@ -2,11 +2,19 @@
 //! `wf_<family>[_<variant>]_<width>` and re-exported here; the host looks
 //! them up by these names.
 pub mod add_layer_norm;
+pub mod bias_gelu;
+pub mod bias_mask_add;
+pub mod bias_mask_softmax;
 pub mod gather;
 pub mod layer_norm;
 pub mod layer_norm_gather;
+pub mod qkv_split;
 
 pub use add_layer_norm::*;
+pub use bias_gelu::*;
+pub use bias_mask_add::*;
+pub use bias_mask_softmax::*;
 pub use gather::*;
 pub use layer_norm::*;
 pub use layer_norm_gather::*;
+pub use qkv_split::*;
