@@ -8,8 +8,10 @@
 //!                        [--reps N] [--only SUBSTRING] [--quick]
 //! ```
 //! Writes `DIR/results.jsonl` (one record per case) and `DIR/chart.svg`.
+//! `wavefuse-suite check ...` is the golden mode (see `golden.rs`).
 mod bench;
 mod cases;
+mod golden;
 mod report;
 
 use std::process::ExitCode;
@@ -51,6 +53,15 @@ fn parse() -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("check") {
+        return match golden::run(std::env::args().skip(2)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("check: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let args = match parse() {
         Ok(a) => a,
         Err(e) => {

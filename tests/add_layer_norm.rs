@@ -270,7 +270,7 @@ fn classic_bug_normalising_unrounded_sum_is_caught() {
     // fine fractional bits in (-0.24, 0.24): rounding the sum moves each
     // element by up to 0.25 against a row spread of ~2, so LayerNorm of the
     // unrounded sum differs from LayerNorm of the rounded one by many ulps.
-    let mut rng = Rng(0xB0_6);
+    let mut rng = Rng(0xB06);
     for &w in &WIDTHS {
         let rows = 37;
         let residual: Vec<f16> = (0..rows * w)

@@ -30,6 +30,32 @@
 //! (degree 9, absolute error 1.2e-8), and `e^f` on f in [-ln2/2, ln2/2]
 //! (degree 6, error 2e-9).
 
+/// Straight-line repetition of a block with `$k` bound to each literal in
+/// turn: `unroll!(k in [0, 1, 2] { ... })`. Kernels that keep arrays in
+/// registers index them only with constants; a loop whose body is too large
+/// for LLVM's full-unroll threshold would otherwise index them dynamically
+/// and move them to scratch memory.
+#[macro_export]
+macro_rules! unroll {
+    ($k:ident in [$($i:literal),* $(,)?] $body:block) => {
+        $({
+            let $k: usize = $i;
+            $body
+        })*
+    };
+}
+
+/// A launch argument used as a divisor, as `NonZeroU32` so that `/` and
+/// `%` carry no divide-by-zero panic path; traps on 0 (the host API never
+/// passes 0).
+#[inline(always)]
+pub fn divisor(v: u32) -> core::num::NonZeroU32 {
+    match core::num::NonZeroU32::new(v) {
+        Some(d) => d,
+        None => crate::gpu::trap(),
+    }
+}
+
 /// `a * b + c` with one rounding.
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {

@@ -27,9 +27,13 @@ pub use device::{BackendKind, Choice, Device, DeviceInfo, Event, Wave};
 pub use error::Error;
 pub use half::{bf16, f16};
 pub use ops::add_layer_norm::{add_layer_norm, add_layer_norm_to};
+pub use ops::bias_gelu::{GeluBias, GeluMode, bias_gelu};
+pub use ops::bias_mask_add::{AttnBias, AttnMask, WindowTable, bias_mask_add};
+pub use ops::bias_mask_softmax::{bias_mask_softmax, bias_mask_softmax_inplace};
 pub use ops::gather::{GatherPlan, gather};
 pub use ops::layer_norm::{Affine, layer_norm};
 pub use ops::layer_norm_gather::layer_norm_gather;
+pub use ops::qkv_split::{QkvSplit, qkv_split};
 
 /// Built code objects, for inspection (static checks, bundles).
 pub mod code_objects {

@@ -56,7 +56,7 @@ pub unsafe fn add_layer_norm<const W: usize, const L: u32, const NV: usize, cons
         for k in 0..NV {
             for i in 0..8 {
                 // Round the sum to f16 once; LayerNorm reads the rounded value.
-                v[k][i] = ((a[k][i] + b[k][i]) as f16) as f32;
+                v[k][i] = a[k][i] + b[k][i];
             }
             let off = base + (k * L as usize + lane) * 8;
             // SAFETY: as for the loads; `v` holds f16 values, so the store's
@@ -111,6 +111,7 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
 macro_rules! add_layer_norm_entries {
     ($($plain:ident, $affine:ident: W = $w:literal, L = $l:literal, NV = $nv:literal;)*) => {$(
         kernel! {
+            #[allow(clippy::too_many_arguments)]
             /// Residual add + LayerNorm without affine, fixed width.
             pub fn $plain(residual: *const u16, branch: *const u16, residual_out: *mut u16, y: *mut u16, gamma: *const u16, beta: *const u16, rows: u64, eps: f32) {
                 // SAFETY: extents checked by the host API.
@@ -118,6 +119,7 @@ macro_rules! add_layer_norm_entries {
             }
         }
         kernel! {
+            #[allow(clippy::too_many_arguments)]
             /// Residual add + LayerNorm with f16 gamma and beta, fixed width.
             pub fn $affine(residual: *const u16, branch: *const u16, residual_out: *mut u16, y: *mut u16, gamma: *const u16, beta: *const u16, rows: u64, eps: f32) {
                 // SAFETY: extents checked by the host API.

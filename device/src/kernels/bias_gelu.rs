@@ -13,12 +13,14 @@
 //! so every load instruction of a wave covers contiguous memory. No
 //! collectives: out-of-range items are simply predicated off.
 use crate::math::{gelu_erf, gelu_tanh};
-use crate::vec::{V8, load8, store8};
+use crate::vec::{V8, store8};
 
 /// Threads per workgroup.
 pub const GELU_BLOCK: u32 = 256;
 /// Items (vectors or scalars) per thread.
 pub const GELU_PER_THREAD: u32 = 4;
+// The `unroll!` lists below name 0..GELU_PER_THREAD.
+const _: () = assert!(GELU_PER_THREAD == 4);
 
 /// GELU of one f32 (erf or tanh form).
 #[inline(always)]
@@ -48,7 +50,6 @@ fn widen<const BF16: bool>(bits: u16) -> f32 {
 /// `x`, `y` valid for `n_vec * 8` halves, `b` for `cols_vec * 8`, all
 /// 16-byte aligned; `cols_vec >= 1`.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // constant trip counts keep values in registers
 pub unsafe fn bias_gelu_vec<const TANH: bool, const BF16: bool>(
     x: *const u16,
     b: *const u16,
@@ -59,39 +60,38 @@ pub unsafe fn bias_gelu_vec<const TANH: bool, const BF16: bool>(
     const P: usize = GELU_PER_THREAD as usize;
     let base = u64::from(crate::gpu::block_id()) * u64::from(GELU_BLOCK * GELU_PER_THREAD)
         + u64::from(crate::gpu::thread_id());
-    let mut xv = [[0.0f32; 8]; P];
-    let mut bv = [[0.0f32; 8]; P];
+    let cols_vec = crate::math::divisor(cols_vec);
+    // All loads first (raw bits, few registers), then the math and stores.
+    let mut xr = [V8([0; 4]); P];
+    let mut br = [V8([0; 4]); P];
     let mut live = [false; P];
-    for k in 0..P {
+    crate::unroll!(k in [0, 1, 2, 3] {
         let i = base + (k as u64) * u64::from(GELU_BLOCK);
         live[k] = i < u64::from(n_vec);
         if live[k] {
             // i < n_vec <= u32::MAX.
             let c = (i as u32) % cols_vec;
             // SAFETY: i < n_vec and c < cols_vec; both aligned (caller).
-            let (xr, br) = unsafe {
-                (
-                    load8(x.add(i as usize * 8)),
-                    core::ptr::read(b.add(c as usize * 8).cast::<V8>()),
-                )
-            };
-            xv[k] = xr;
-            for e in 0..8 {
-                bv[k][e] = widen::<BF16>((br.0[e / 2] >> (16 * (e % 2))) as u16);
+            unsafe {
+                xr[k] = core::ptr::read(x.add(i as usize * 8).cast::<V8>());
+                br[k] = core::ptr::read(b.add(c as usize * 8).cast::<V8>());
             }
         }
-    }
-    for k in 0..P {
+    });
+    crate::unroll!(k in [0, 1, 2, 3] {
         if live[k] {
             let mut o = [0.0f32; 8];
-            for e in 0..8 {
-                o[e] = gelu::<TANH>(add_bias::<BF16>(xv[k][e], bv[k][e]));
+            for (e, o) in o.iter_mut().enumerate() {
+                let sh = 16 * (e % 2);
+                let xv = f16::from_bits((xr[k].0[e / 2] >> sh) as u16) as f32;
+                let bv = widen::<BF16>((br[k].0[e / 2] >> sh) as u16);
+                *o = gelu::<TANH>(add_bias::<BF16>(xv, bv));
             }
             let i = base + (k as u64) * u64::from(GELU_BLOCK);
             // SAFETY: as for the load.
             unsafe { store8(y.add(i as usize * 8), o) };
         }
-    }
+    });
 }
 
 /// Scalar path: `n` halves, `cols` per row (any alignment of 2 bytes).
@@ -99,7 +99,7 @@ pub unsafe fn bias_gelu_vec<const TANH: bool, const BF16: bool>(
 /// # Safety
 /// `x`, `y` valid for `n` halves, `b` for `cols`; `cols >= 1`.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop)] // constant trip counts keep values in registers
 pub unsafe fn bias_gelu_scalar<const TANH: bool, const BF16: bool>(
     x: *const u16,
     b: *const u16,
@@ -110,6 +110,7 @@ pub unsafe fn bias_gelu_scalar<const TANH: bool, const BF16: bool>(
     const P: usize = GELU_PER_THREAD as usize;
     let base = u64::from(crate::gpu::block_id()) * u64::from(GELU_BLOCK * GELU_PER_THREAD)
         + u64::from(crate::gpu::thread_id());
+    let cols = crate::math::divisor(cols);
     let mut v = [0.0f32; P];
     let mut live = [false; P];
     for k in 0..P {

@@ -65,7 +65,8 @@ pub unsafe fn bias_mask_add<const MASK: bool>(
     n_slots: u32,
 ) {
     let tile = crate::gpu::block_id();
-    let (w, h) = (tile / heads, tile % heads);
+    let hd = crate::math::divisor(heads);
+    let (w, h) = (tile / hd, tile % hd);
     // SAFETY: w < windows (one workgroup per tile).
     let (ty, sl) = unsafe { lookup::<MASK>(types, slots, w, n_types, n_slots) };
     let tile_len = tile_vec as usize * 8;

@@ -30,6 +30,8 @@ pub const SOFTMAX_LANES: u32 = 2;
 pub const SOFTMAX_BLOCK: u32 = 256;
 /// Vectors per lane.
 const NV: usize = (SOFTMAX_T / 8 / SOFTMAX_LANES) as usize;
+// The `unroll!` lists below name 0..NV.
+const _: () = assert!(NV == 9);
 
 /// One row per lane pair.
 ///
@@ -61,13 +63,14 @@ pub unsafe fn bias_mask_softmax<const MASK: bool>(
     if active {
         let tile = row / SOFTMAX_T;
         let i = (row % SOFTMAX_T) as usize;
-        let (w, h) = (tile / heads, (tile % heads) as usize);
+        let hd = crate::math::divisor(heads);
+        let (w, h) = (tile / hd, (tile % hd) as usize);
         // SAFETY: w < windows.
         let (ty, sl) = unsafe { super::bias_mask_add::lookup::<MASK>(types, slots, w, n_types, n_slots) };
         let so = row as usize * T;
         let bo = ((ty as usize * heads as usize + h) * T + i) * T;
         let mo = (sl as usize * T + i) * T;
-        for k in 0..NV {
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
             let c = (2 * k + lane) * 8;
             // SAFETY: the rows lie in their tensors (caller).
             let (sv, bv, mv) = unsafe {
@@ -78,7 +81,7 @@ pub unsafe fn bias_mask_softmax<const MASK: bool>(
                 )
             };
             z[k] = super::bias_mask_add::sum3::<MASK>(sv, bv, mv);
-        }
+        });
     }
     // Max: NaN needs no care here, it reaches every output through the sum.
     let mut m = f32::NEG_INFINITY;
@@ -89,23 +92,23 @@ pub unsafe fn bias_mask_softmax<const MASK: bool>(
     }
     let m = gpu::group_max::<SOFTMAX_LANES>(m);
     let mut sum = 0.0f32;
-    for k in 0..NV {
+    crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
         for e in 0..8 {
             z[k][e] = exp(z[k][e] - m);
             sum += z[k][e];
         }
-    }
+    });
     let r = 1.0 / gpu::group_sum::<SOFTMAX_LANES>(sum);
     if active {
         let so = row as usize * T;
-        for k in 0..NV {
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
             let mut o = [0.0f32; 8];
             for e in 0..8 {
                 o[e] = z[k][e] * r;
             }
             // SAFETY: as for the loads.
             unsafe { store8(p.add(so + (2 * k + lane) * 8), o) };
-        }
+        });
     }
 }
 

@@ -79,6 +79,7 @@ pub unsafe fn gather_rows<const W: usize, const L: u32, const NV: usize>(
 /// `src` valid for `n_src * vecs * 8` halves, `out` for `n_out * vecs * 8`,
 /// `idx` for `n_out` entries; `src`/`out` 16-byte aligned and disjoint.
 #[inline(always)]
+#[allow(clippy::manual_memcpy)] // word copies keep the vector in registers
 pub unsafe fn gather_any(
     src: *const u16,
     idx: *const i32,

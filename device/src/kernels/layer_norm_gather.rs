@@ -89,6 +89,7 @@ pub unsafe fn layer_norm_gather<
 macro_rules! layer_norm_gather_entries {
     ($($plain:ident, $affine:ident: W = $w:literal, L = $l:literal, NV = $nv:literal;)*) => {$(
         kernel! {
+            #[allow(clippy::too_many_arguments)]
             /// Gathered LayerNorm without affine, fixed width.
             pub fn $plain(src: *const u16, idx: *const i32, out: *mut u16, gamma: *const u16, beta: *const u16, n_out: u64, n_src: u64, eps: f32) {
                 // SAFETY: extents checked by the host API.
@@ -96,6 +97,7 @@ macro_rules! layer_norm_gather_entries {
             }
         }
         kernel! {
+            #[allow(clippy::too_many_arguments)]
             /// Gathered LayerNorm with f16 gamma and beta, fixed width.
             pub fn $affine(src: *const u16, idx: *const i32, out: *mut u16, gamma: *const u16, beta: *const u16, n_out: u64, n_src: u64, eps: f32) {
                 // SAFETY: extents checked by the host API.

@@ -60,8 +60,9 @@ pub unsafe fn qkv_split<const BIAS: bool>(
     const P: usize = QKV_PER_THREAD as usize;
     let base = u64::from(crate::gpu::block_id()) * u64::from(QKV_BLOCK * QKV_PER_THREAD)
         + u64::from(crate::gpu::thread_id());
-    let per_token = 12 * heads; // vectors per token (3C / 8)
-    let per_part = 4 * heads; // vectors per q, k or v part of a token
+    let per_token = crate::math::divisor(12 * heads); // vectors per token (3C / 8)
+    let per_part = crate::math::divisor(4 * heads); // vectors per q, k or v part
+    let tokens_nz = crate::math::divisor(tokens);
     let mut src = [V8([0; 4]); P];
     let mut bv = [V8([0; 4]); P];
     let mut dst = [core::ptr::null_mut::<u16>(); P];
@@ -76,7 +77,7 @@ pub unsafe fn qkv_split<const BIAS: bool>(
             let r = i % per_token;
             let part = r / per_part;
             let r = r % per_part; // head * 4 + quarter
-            let (w, t) = (token / tokens, token % tokens);
+            let (w, t) = (token / tokens_nz, token % tokens_nz);
             let (h, quarter) = (r / 4, r % 4);
             let row = (u64::from(w) * u64::from(heads) + u64::from(h)) * u64::from(tokens)
                 + u64::from(t);
@@ -91,7 +92,7 @@ pub unsafe fn qkv_split<const BIAS: bool>(
             unsafe {
                 src[j] = core::ptr::read(qkv.add(i as usize * 8).cast::<V8>());
                 if BIAS {
-                    bv[j] = core::ptr::read(bias.add((part * per_part + r) as usize * 8).cast::<V8>());
+                    bv[j] = core::ptr::read(bias.add((part * per_part.get() + r) as usize * 8).cast::<V8>());
                 }
                 dst[j] = out.add(off);
             }

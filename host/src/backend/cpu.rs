@@ -199,6 +199,20 @@ impl Backend for Cpu {
             wf_gather_384(src, idx, out, n_out, n_src);
             wf_gather_768(src, idx, out, n_out, n_src);
             wf_gather_generic(src, idx, out, n_out, n_src, vecs);
+            wf_bias_gelu_f16(x, b, y, n, cols);
+            wf_bias_gelu_bf16(x, b, y, n, cols);
+            wf_bias_gelu_tanh_f16(x, b, y, n, cols);
+            wf_bias_gelu_tanh_bf16(x, b, y, n, cols);
+            wf_bias_gelu_f16_scalar(x, b, y, n, cols);
+            wf_bias_gelu_bf16_scalar(x, b, y, n, cols);
+            wf_bias_gelu_tanh_f16_scalar(x, b, y, n, cols);
+            wf_bias_gelu_tanh_bf16_scalar(x, b, y, n, cols);
+            wf_qkv_split(x, b, q, k, v, n, heads, tokens, scale);
+            wf_qkv_split_bias(x, b, q, k, v, n, heads, tokens, scale);
+            wf_bias_mask_add(s, b, m, ty, sl, heads, tv, nt, ns);
+            wf_bias_mask_add_nomask(s, b, m, ty, sl, heads, tv, nt, ns);
+            wf_bias_mask_softmax_144(s, p, b, m, ty, sl, rows, heads, nt, ns);
+            wf_bias_mask_softmax_nomask_144(s, p, b, m, ty, sl, rows, heads, nt, ns);
         )
     }
 

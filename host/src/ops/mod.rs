@@ -1,8 +1,12 @@
 //! One module per kernel family: argument checks, then one launch.
 pub mod add_layer_norm;
+pub mod bias_gelu;
+pub mod bias_mask_add;
+pub mod bias_mask_softmax;
 pub mod gather;
 pub mod layer_norm;
 pub mod layer_norm_gather;
+pub mod qkv_split;
 
 /// Every kernel entry point the backends load.
 pub const KERNELS: &[&str] = &[
@@ -28,6 +32,20 @@ pub const KERNELS: &[&str] = &[
     "wf_gather_384",
     "wf_gather_768",
     "wf_gather_generic",
+    "wf_bias_gelu_f16",
+    "wf_bias_gelu_bf16",
+    "wf_bias_gelu_tanh_f16",
+    "wf_bias_gelu_tanh_bf16",
+    "wf_bias_gelu_f16_scalar",
+    "wf_bias_gelu_bf16_scalar",
+    "wf_bias_gelu_tanh_f16_scalar",
+    "wf_bias_gelu_tanh_bf16_scalar",
+    "wf_qkv_split",
+    "wf_qkv_split_bias",
+    "wf_bias_mask_add",
+    "wf_bias_mask_add_nomask",
+    "wf_bias_mask_softmax_144",
+    "wf_bias_mask_softmax_nomask_144",
 ];
 
 use crate::buffer::Span;
