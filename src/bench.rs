@@ -87,8 +87,8 @@ pub fn run_case(dev: &Device, case: &dyn Case, reps: usize) -> Result<Record, St
     let mut max_err = 0.0f64;
     let mut correct = true;
     dev.synchronize().map_err(e)?;
-    for i in inst.iter() {
-        match i.check() {
+    for i in inst.iter_mut() {
+        match i.check(dev) {
             Ok(err) => max_err = max_err.max(err),
             Err(msg) => {
                 eprintln!("\n{} {}: {msg}", case.name(), case.shape());

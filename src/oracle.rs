@@ -25,3 +25,21 @@ pub fn layer_norm_row(
         })
         .collect()
 }
+
+/// `f16(residual + branch)`: the rounded sum PyTorch's unfused path writes.
+pub fn add_round(a: f16, b: f16) -> f16 {
+    f16::from_f64(a.to_f64() + b.to_f64())
+}
+
+/// Exact-erf GELU in f64: `x * Phi(x)`, through erfc (no tail cancellation).
+pub fn gelu_erf(x: f64) -> f64 {
+    0.5 * x * libm::erfc(-x / std::f64::consts::SQRT_2)
+}
+
+/// Softmax of one row in f64 (NaN row when every entry is -inf, as PyTorch).
+pub fn softmax_row(x: &[f64]) -> Vec<f64> {
+    let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|v| v / s).collect()
+}

@@ -10,7 +10,8 @@ rm -rf bundle && mkdir -p bundle/bin
 cargo build --release --bin wavefuse-suite
 cp target/release/wavefuse-suite bundle/bin/
 # Every integration-test binary of the workspace, release profile.
-cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
+{ cargo test --release --workspace --no-run --message-format=json 2>/dev/null
+  cargo bench --workspace --no-run --message-format=json 2>/dev/null; } \
   | python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:
@@ -18,8 +19,10 @@ for line in sys.stdin:
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         name = m["target"]["name"]
-        if m["target"]["kind"] == ["lib"]: name = m["target"]["name"] + "-lib"
-        shutil.copy(m["executable"], "bundle/bin/test-" + name)
+        kind = m["target"]["kind"]
+        if kind == ["lib"]: name += "-lib"
+        prefix = "bench-" if kind == ["bench"] else "test-"
+        shutil.copy(m["executable"], "bundle/bin/" + prefix + name)
 '
 strip bundle/bin/* 2>/dev/null || true
 cp benches/*.py bundle/ 2>/dev/null || true
@@ -54,10 +57,16 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 args=(); [ "$mode" = quick ] && args=(--reps 30)
 "$here/bin/wavefuse-suite" --backend cuda --out "$out/harness" "${args[@]}" 2>"$out/harness.err" | tee "$out/harness.txt"
+if [ -x "$here/bin/bench-host_costs" ]; then
+  "$here/bin/bench-host_costs" --bench --warm-up-time 1 --measurement-time 3 > "$out/criterion.txt" 2>&1
+  grep -E "^[A-Za-z].*|time:" "$out/criterion.txt" | grep -v "^Benchmarking\|^Found" | paste - - >> "$out/suite.txt"
+fi
 if [ -f "$here/peers.py" ] && [ "$mode" != nopeers ]; then
   PYTHONUNBUFFERED=1 python3 "$here/peers.py" --out "$out/harness/peers.jsonl" $([ "$mode" = quick ] && echo --quick) > "$out/peers.txt" 2>"$out/peers.err"
   [ -f "$here/compare.py" ] && python3 "$here/compare.py" "$out/harness/results.jsonl" "$out/harness/peers.jsonl" | tee "$out/compare.md"
 fi
+# At most a few files come back from a device run: pack everything.
+tar czf "$out.tgz" -C "$out" . && echo "packed $out.tgz"
 RUN
 chmod +x bundle/run.sh
 du -sh bundle; ls -la bundle/bin

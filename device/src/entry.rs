@@ -20,7 +20,7 @@ macro_rules! kernel {
         /// Must run inside [`crate::emu`]; pointers must be valid for the
         /// extents the host API checked.
         #[cfg(not(any(target_arch = "amdgpu", target_arch = "nvptx64")))]
-        #[allow(clippy::missing_safety_doc)]
+        #[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
         pub unsafe fn $name($($arg: $ty),*) $body
     };
 }

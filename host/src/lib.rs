@@ -27,6 +27,7 @@ pub use device::{BackendKind, Choice, Device, DeviceInfo, Event, Wave};
 pub use error::Error;
 pub use half::{bf16, f16};
 pub use ops::add_layer_norm::{add_layer_norm, add_layer_norm_to};
+pub use ops::add_layer_norm_gather::add_layer_norm_gather;
 pub use ops::bias_gelu::{GeluBias, GeluMode, bias_gelu};
 pub use ops::bias_mask_add::{AttnBias, AttnMask, WindowTable, bias_mask_add};
 pub use ops::bias_mask_softmax::{bias_mask_softmax, bias_mask_softmax_inplace};

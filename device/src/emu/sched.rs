@@ -25,7 +25,7 @@ pub fn launch(cfg: &LaunchConfig, kernel: &(dyn Fn() + Sync)) -> Result<(), EmuE
     if cfg.wave != 32 && cfg.wave != 64 {
         return Err(EmuError::BadConfig("wave must be 32 or 64"));
     }
-    if cfg.block == 0 || cfg.block % cfg.wave != 0 || cfg.block > 1024 {
+    if cfg.block == 0 || !cfg.block.is_multiple_of(cfg.wave) || cfg.block > 1024 {
         return Err(EmuError::BadConfig(
             "block must be a non-zero multiple of the wave, at most 1024",
         ));

@@ -56,7 +56,7 @@ pub unsafe fn add_layer_norm<const W: usize, const L: u32, const NV: usize, cons
         for k in 0..NV {
             for i in 0..8 {
                 // Round the sum to f16 once; LayerNorm reads the rounded value.
-                v[k][i] = a[k][i] + b[k][i];
+                v[k][i] = ((a[k][i] + b[k][i]) as f16) as f32;
             }
             let off = base + (k * L as usize + lane) * 8;
             // SAFETY: as for the loads; `v` holds f16 values, so the store's

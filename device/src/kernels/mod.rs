@@ -2,6 +2,7 @@
 //! `wf_<family>[_<variant>]_<width>` and re-exported here; the host looks
 //! them up by these names.
 pub mod add_layer_norm;
+pub mod add_layer_norm_gather;
 pub mod bias_gelu;
 pub mod bias_mask_add;
 pub mod bias_mask_softmax;
@@ -11,6 +12,7 @@ pub mod layer_norm_gather;
 pub mod qkv_split;
 
 pub use add_layer_norm::*;
+pub use add_layer_norm_gather::*;
 pub use bias_gelu::*;
 pub use bias_mask_add::*;
 pub use bias_mask_softmax::*;

@@ -199,6 +199,12 @@ impl Backend for Cpu {
             wf_gather_384(src, idx, out, n_out, n_src);
             wf_gather_768(src, idx, out, n_out, n_src);
             wf_gather_generic(src, idx, out, n_out, n_src, vecs);
+            wf_add_layer_norm_gather_192(res, br, rout, idx, out, g, b, n_out, n_src, eps);
+            wf_add_layer_norm_gather_384(res, br, rout, idx, out, g, b, n_out, n_src, eps);
+            wf_add_layer_norm_gather_768(res, br, rout, idx, out, g, b, n_out, n_src, eps);
+            wf_add_layer_norm_gather_affine_192(res, br, rout, idx, out, g, b, n_out, n_src, eps);
+            wf_add_layer_norm_gather_affine_384(res, br, rout, idx, out, g, b, n_out, n_src, eps);
+            wf_add_layer_norm_gather_affine_768(res, br, rout, idx, out, g, b, n_out, n_src, eps);
             wf_bias_gelu_f16(x, b, y, n, cols);
             wf_bias_gelu_bf16(x, b, y, n, cols);
             wf_bias_gelu_tanh_f16(x, b, y, n, cols);

@@ -26,6 +26,7 @@ pub struct GatherPlan {
     table: DeviceBuffer<i32>,
     n_src: usize,
     pads: usize,
+    partition: bool,
 }
 
 impl std::fmt::Debug for GatherPlan {
@@ -34,6 +35,7 @@ impl std::fmt::Debug for GatherPlan {
             .field("len", &self.len())
             .field("n_src", &self.n_src)
             .field("pads", &self.pads)
+            .field("partition", &self.partition)
             .finish()
     }
 }
@@ -73,10 +75,20 @@ impl GatherPlan {
             },
         })?;
         let pads = table.iter().filter(|&&v| v == index::PAD).count();
+        // A partition names every source exactly once (validated entries
+        // are in range, so n_src distinct ones cover them all).
+        let partition = table.len() - pads == n_src && {
+            let mut seen = vec![false; n_src];
+            table.iter().filter(|&&v| v != index::PAD).all(|&v| {
+                seen.get_mut(v as usize)
+                    .is_some_and(|b| !std::mem::replace(b, true))
+            })
+        };
         Ok(GatherPlan {
             table: dev.upload(table)?,
             n_src,
             pads,
+            partition,
         })
     }
 
@@ -98,6 +110,13 @@ impl GatherPlan {
     /// Padding (zero) output tokens.
     pub fn pads(&self) -> usize {
         self.pads
+    }
+
+    /// True when every source token appears exactly once (a permutation
+    /// with padding, like a window partition): what
+    /// [`crate::add_layer_norm_gather`] needs to update the residual in place.
+    pub fn is_partition(&self) -> bool {
+        self.partition
     }
 
     /// The device the table lives on.

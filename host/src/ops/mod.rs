@@ -1,5 +1,6 @@
 //! One module per kernel family: argument checks, then one launch.
 pub mod add_layer_norm;
+pub mod add_layer_norm_gather;
 pub mod bias_gelu;
 pub mod bias_mask_add;
 pub mod bias_mask_softmax;
@@ -32,6 +33,12 @@ pub const KERNELS: &[&str] = &[
     "wf_gather_384",
     "wf_gather_768",
     "wf_gather_generic",
+    "wf_add_layer_norm_gather_192",
+    "wf_add_layer_norm_gather_384",
+    "wf_add_layer_norm_gather_768",
+    "wf_add_layer_norm_gather_affine_192",
+    "wf_add_layer_norm_gather_affine_384",
+    "wf_add_layer_norm_gather_affine_768",
     "wf_bias_gelu_f16",
     "wf_bias_gelu_bf16",
     "wf_bias_gelu_tanh_f16",

@@ -1,0 +1,152 @@
+//! Residual add + LayerNorm + token gather (the Swin block's
+//! `x = x + attn(...)`, `norm2`, window partition) in one pass:
+//! `residual[s] = f16(residual[s] + branch[s])` for every source token `s`,
+//! and `out[t] = idx[t] >= 0 ? LayerNorm(residual[idx[t]]) : 0`, the
+//! LayerNorm reading the ROUNDED sum (see [`super::add_layer_norm`]).
+//!
+//! Layout: [`wavefuse_shared::RowLayout`] over OUTPUT rows; the group that
+//! owns output row `t` also updates source row `idx[t]`. The host accepts
+//! only tables that name every source exactly once (a partition with
+//! padding), so every residual row is updated once, by one group, and each
+//! element is read and written by the same lane: in place is race-free.
+//! Padding rows and rows past the end load nothing but join the group
+//! reductions; padding rows are written as zeros.
+use super::add_layer_norm::normalise_store;
+use super::gather::source_of;
+use super::layer_norm::moments;
+use crate::gpu;
+use crate::vec::{V8, load8, store8};
+use wavefuse_shared::ROW_BLOCK;
+
+/// One row group's residual add + LayerNorm + gather.
+///
+/// # Safety
+/// `residual`, `branch`, `residual_out` valid for `n_src * W` halves,
+/// `out` for `n_out * W`, `idx` for `n_out` entries naming each source at
+/// most once, `gamma`/`beta` for `W` halves when `AFFINE`; halves 16-byte
+/// aligned; `residual_out` may equal `residual`; no other overlap with
+/// the outputs.
+#[inline(always)]
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // constant indices keep the row in registers
+pub unsafe fn add_layer_norm_gather<
+    const W: usize,
+    const L: u32,
+    const NV: usize,
+    const AFFINE: bool,
+>(
+    residual: *const u16,
+    branch: *const u16,
+    residual_out: *mut u16,
+    idx: *const i32,
+    out: *mut u16,
+    gamma: *const u16,
+    beta: *const u16,
+    n_out: u64,
+    n_src: u64,
+    eps: f32,
+) {
+    let tid = gpu::thread_id();
+    let lane = (tid % L) as usize;
+    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    let active = row < n_out;
+    let s = if active {
+        // SAFETY: row < n_out.
+        unsafe { source_of(idx, row, n_src) }
+    } else {
+        None
+    };
+
+    let mut v = [[0.0f32; 8]; NV];
+    if let Some(s) = s {
+        let mut a = [[0.0f32; 8]; NV];
+        let mut b = [[0.0f32; 8]; NV];
+        for k in 0..NV {
+            let off = s * W + (k * L as usize + lane) * 8;
+            // SAFETY: s < n_src and the vector lies inside the token.
+            unsafe {
+                a[k] = load8(residual.add(off));
+                b[k] = load8(branch.add(off));
+            }
+        }
+        for k in 0..NV {
+            for i in 0..8 {
+                // Round the sum to f16 once; LayerNorm reads the rounded value.
+                v[k][i] = ((a[k][i] + b[k][i]) as f16) as f32;
+            }
+            let off = s * W + (k * L as usize + lane) * 8;
+            // SAFETY: as for the loads; exact store of f16 values. This
+            // group is the only one naming `s`, and this lane read `off`.
+            unsafe { store8(residual_out.add(off), v[k]) };
+        }
+    }
+    // Every lane of the group, active or not, joins the reductions.
+    let (mean, rstd) = moments::<W, L, NV>(&v, eps);
+    if active {
+        let base = row as usize * W;
+        if s.is_some() {
+            // SAFETY: row < n_out; `out` row and affine vectors in bounds.
+            unsafe {
+                normalise_store::<W, L, NV, AFFINE>(
+                    &v,
+                    mean,
+                    rstd,
+                    out.add(base),
+                    gamma,
+                    beta,
+                    lane,
+                )
+            };
+        } else {
+            for k in 0..NV {
+                // SAFETY: row < n_out; the vector lies inside the row; aligned.
+                unsafe {
+                    out.add(base + (k * L as usize + lane) * 8)
+                        .cast::<V8>()
+                        .write(V8([0; 4]))
+                };
+            }
+        }
+    }
+}
+
+macro_rules! add_layer_norm_gather_entries {
+    ($($plain:ident, $affine:ident: W = $w:literal, L = $l:literal, NV = $nv:literal;)*) => {$(
+        kernel! {
+            #[allow(clippy::too_many_arguments)]
+            /// Residual add + LayerNorm + gather without affine, fixed width.
+            pub fn $plain(residual: *const u16, branch: *const u16, residual_out: *mut u16, idx: *const i32, out: *mut u16, gamma: *const u16, beta: *const u16, n_out: u64, n_src: u64, eps: f32) {
+                // SAFETY: extents and the table checked by the host API.
+                unsafe { add_layer_norm_gather::<$w, $l, $nv, false>(residual, branch, residual_out, idx, out, gamma, beta, n_out, n_src, eps) }
+            }
+        }
+        kernel! {
+            #[allow(clippy::too_many_arguments)]
+            /// Residual add + LayerNorm + gather with f16 gamma and beta, fixed width.
+            pub fn $affine(residual: *const u16, branch: *const u16, residual_out: *mut u16, idx: *const i32, out: *mut u16, gamma: *const u16, beta: *const u16, n_out: u64, n_src: u64, eps: f32) {
+                // SAFETY: extents and the table checked by the host API.
+                unsafe { add_layer_norm_gather::<$w, $l, $nv, true>(residual, branch, residual_out, idx, out, gamma, beta, n_out, n_src, eps) }
+            }
+        }
+    )*};
+}
+
+// L and NV must equal wavefuse_shared::RowLayout::for_width(W); the
+// `layouts_match_shared` test below keeps them in step.
+add_layer_norm_gather_entries! {
+    wf_add_layer_norm_gather_192, wf_add_layer_norm_gather_affine_192: W = 192, L = 8, NV = 3;
+    wf_add_layer_norm_gather_384, wf_add_layer_norm_gather_affine_384: W = 384, L = 16, NV = 3;
+    wf_add_layer_norm_gather_768, wf_add_layer_norm_gather_affine_768: W = 768, L = 32, NV = 3;
+}
+
+#[cfg(test)]
+mod tests {
+    use wavefuse_shared::RowLayout;
+
+    #[test]
+    fn layouts_match_shared() {
+        for (w, l, nv) in [(192, 8, 3), (384, 16, 3), (768, 32, 3)] {
+            let s = RowLayout::for_width(w).expect("supported");
+            assert_eq!((s.lanes, s.vecs_per_lane), (l, nv));
+        }
+    }
+}

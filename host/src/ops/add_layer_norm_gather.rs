@@ -1,0 +1,130 @@
+//! Residual add + LayerNorm + token gather in one pass (the Swin block's
+//! residual add, `norm2`/next `norm1`, and window partition).
+//!
+//! Contract: `residual[s] = f16(residual[s] + branch[s])` for every source
+//! token `s` (updated in place, rounded once as in
+//! [`crate::add_layer_norm`]), and `out[t] = plan[t] >= 0 ?
+//! LayerNorm(residual[plan[t]]) : 0`, the LayerNorm reading the ROUNDED
+//! sum with the numerics of [`crate::layer_norm`]. Padding tokens are
+//! `+0.0`. The plan must be a partition ([`GatherPlan::is_partition`]:
+//! every source named exactly once), so every residual token is updated
+//! exactly once.
+use super::Check;
+use super::gather::{GatherPlan, check_plan};
+use super::layer_norm::Affine;
+use crate::backend::{Arg, Launch};
+use crate::buffer::{Span, View, ViewMut};
+use crate::device::Device;
+use crate::{Error, Result};
+use half::f16;
+use wavefuse_shared::layout::{LN_WIDTHS, ROW_BLOCK, RowLayout};
+
+/// The kernel entry point for a width (`None` when unsupported).
+pub(crate) fn kernel_name(width: usize, affine: bool) -> Option<&'static str> {
+    Some(match (width, affine) {
+        (192, false) => "wf_add_layer_norm_gather_192",
+        (384, false) => "wf_add_layer_norm_gather_384",
+        (768, false) => "wf_add_layer_norm_gather_768",
+        (192, true) => "wf_add_layer_norm_gather_affine_192",
+        (384, true) => "wf_add_layer_norm_gather_affine_384",
+        (768, true) => "wf_add_layer_norm_gather_affine_768",
+        _ => return None,
+    })
+}
+
+/// In place: `residual = f16(residual + branch)`, then
+/// `out[t] = plan[t] >= 0 ? LayerNorm(residual[plan[t]]) : 0`, over rows of
+/// `width` (192, 384 or 768).
+///
+/// `residual` and `branch` are [plan.n_src(), width], `out` is
+/// [plan.len(), width]; all 16-byte aligned and pairwise disjoint;
+/// `gamma`/`beta` (when affine) are `width` long, aligned, and must not
+/// overlap `residual` or `out`. `plan` must be a partition
+/// ([`GatherPlan::is_partition`]), else [`Error::BadParameter`] with
+/// `what == "plan"`. Every check runs before the launch.
+#[allow(clippy::too_many_arguments)]
+pub fn add_layer_norm_gather(
+    dev: &Device,
+    plan: &GatherPlan,
+    residual: &mut ViewMut<'_, f16>,
+    branch: &View<'_, f16>,
+    out: &mut ViewMut<'_, f16>,
+    width: usize,
+    affine: Option<Affine<'_, '_>>,
+    eps: f32,
+) -> Result<()> {
+    let c = Check {
+        dev,
+        op: "add_layer_norm_gather",
+    };
+    let (Some(name), Some(layout)) = (
+        kernel_name(width, affine.is_some()),
+        RowLayout::for_width(width),
+    ) else {
+        return Err(Error::UnsupportedWidth {
+            op: c.op,
+            width,
+            supported: &LN_WIDTHS,
+        });
+    };
+    let (rs, bs, os) = (
+        Span::from(&*residual),
+        Span::from(branch),
+        Span::from(&*out),
+    );
+    // `residual` plays the gather's source: tokens, alignment, disjoint
+    // from `out`, and the plan's device.
+    let table = check_plan(&c, plan, &rs, &os, width)?;
+    c.same_device(&bs, "branch")?;
+    c.len(&bs, "branch", rs.len)?;
+    c.aligned(&bs, "branch")?;
+    c.disjoint(&bs, "branch", &rs, "residual")?;
+    c.disjoint(&bs, "branch", &os, "out")?;
+    if !plan.is_partition() {
+        return Err(Error::BadParameter {
+            op: c.op,
+            what: "plan",
+            value: format!("{plan:?}"),
+            why: "must name every source token exactly once (a partition with padding)",
+        });
+    }
+    c.finite_nonneg(eps, "eps")?;
+    let (g, b) = match affine {
+        Some(a) => {
+            let (gs, bts) = (Span::from(a.gamma), Span::from(a.beta));
+            for (s, n) in [(&gs, "gamma"), (&bts, "beta")] {
+                c.same_device(s, n)?;
+                c.len(s, n, width)?;
+                c.aligned(s, n)?;
+                c.disjoint(s, n, &os, "out")?;
+                c.disjoint(s, n, &rs, "residual")?;
+            }
+            (gs.ptr, bts.ptr)
+        }
+        None => (0, 0),
+    };
+    let n_out = plan.len();
+    let grid = c.grid(n_out, layout.blocks_for(n_out))?;
+    let l = Launch {
+        grid: (grid, 1),
+        block: ROW_BLOCK,
+        shared_bytes: 0,
+    };
+    let args = [
+        Arg::Ptr(rs.ptr),
+        Arg::Ptr(bs.ptr),
+        Arg::Ptr(rs.ptr),
+        Arg::Ptr(table),
+        Arg::Ptr(os.ptr),
+        Arg::Ptr(g),
+        Arg::Ptr(b),
+        Arg::U64(n_out as u64),
+        Arg::U64(plan.n_src() as u64),
+        Arg::F32(eps),
+    ];
+    // SAFETY: the table was validated against n_src and names each source
+    // once, so each residual element is read and written by one lane;
+    // extents, alignment and aliasing checked above; the argument list
+    // matches the kernel signature in wavefuse-device.
+    unsafe { dev.be.launch(name, l, &args) }
+}

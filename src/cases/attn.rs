@@ -1,0 +1,201 @@
+//! Window-attention fusions at Pangu's shapes: 3720 windows x 6 heads
+//! (grid 8x181x360, padded 8x186x360) and 960 windows x 12 heads (8x91x180,
+//! padded 8x96x180); window (2,6,12) = 144 tokens, head dim 32.
+use super::{Case, Instance, Rng, sampled_rows, ulp_err};
+use wavefuse::{
+    AttnBias, AttnMask, Device, DeviceBuffer, QkvSplit as Params, WindowTable, bias_mask_add, bias_mask_softmax, f16,
+    qkv_split,
+};
+use wavefuse_suite::oracle;
+
+const T: usize = 144;
+const HD: usize = 32;
+/// Mask slots of a shifted 3D window partition.
+const SLOTS: usize = 8;
+
+/// Window types for a window count: latitude x level windows.
+fn types(windows: usize) -> usize {
+    match windows {
+        3720 => 4 * 31,
+        960 => 4 * 16,
+        w => w.div_ceil(4).max(1),
+    }
+}
+
+pub struct QkvSplit {
+    pub windows: usize,
+    pub heads: usize,
+}
+
+struct QkvSet {
+    p: Params,
+    x_host: Vec<f16>,
+    x: DeviceBuffer<f16>,
+    q: DeviceBuffer<f16>,
+    k: DeviceBuffer<f16>,
+    v: DeviceBuffer<f16>,
+}
+
+impl Case for QkvSplit {
+    fn name(&self) -> String {
+        "qkv_split".into()
+    }
+    fn shape(&self) -> String {
+        format!("{}x{}", self.windows, self.heads)
+    }
+    fn bytes(&self) -> usize {
+        2 * 2 * self.windows * T * 3 * self.heads * HD
+    }
+    fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
+        let n = self.windows * T * 3 * self.heads * HD;
+        let x_host = Rng(seed).halves(n, 4.0, 0.0);
+        let out = n / 3;
+        Ok(Box::new(QkvSet {
+            p: Params::new(self.heads),
+            x: dev.upload(&x_host)?,
+            q: dev.upload(&vec![f16::NAN; out])?,
+            k: dev.upload(&vec![f16::NAN; out])?,
+            v: dev.upload(&vec![f16::NAN; out])?,
+            x_host,
+        }))
+    }
+}
+
+impl Instance for QkvSet {
+    fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
+        let (mut q, mut k, mut v) = (self.q.view_mut(), self.k.view_mut(), self.v.view_mut());
+        qkv_split(dev, &self.x.view(), None, &mut q, &mut k, &mut v, &self.p)
+    }
+    fn check(&mut self, _dev: &Device) -> Result<f64, String> {
+        let e = |e: wavefuse::Error| e.to_string();
+        let (q, k, v) = (self.q.download().map_err(e)?, self.k.download().map_err(e)?, self.v.download().map_err(e)?);
+        let h = self.p.heads;
+        let c = h * HD;
+        let tokens = self.x_host.len() / (3 * c);
+        let mut worst = 0.0f64;
+        for tok in sampled_rows(tokens) {
+            let (w, t) = (tok / T, tok % T);
+            for head in 0..h {
+                for d in 0..HD {
+                    let o = ((w * h + head) * T + t) * HD + d;
+                    let src = |part: usize| self.x_host[tok * 3 * c + part * c + head * HD + d];
+                    if k[o].to_bits() != src(1).to_bits() || v[o].to_bits() != src(2).to_bits() {
+                        return Err(format!("token {tok} head {head} dim {d}: k/v not a bit copy"));
+                    }
+                    let want = src(0).to_f64() * self.p.scale as f64;
+                    let err = ulp_err(q[o], want);
+                    if !(err <= 0.5 + 1e-9) {
+                        return Err(format!("token {tok} head {head} dim {d}: q {} want {want}", q[o]));
+                    }
+                    worst = worst.max(err);
+                }
+            }
+        }
+        Ok(worst)
+    }
+}
+
+pub struct BiasMask {
+    pub windows: usize,
+    pub heads: usize,
+    pub softmax: bool,
+}
+
+struct BiasMaskSet {
+    heads: usize,
+    softmax: bool,
+    s_host: Vec<f16>,
+    bias_host: Vec<f16>,
+    mask_host: Vec<f16>,
+    ty_host: Vec<i32>,
+    slot_host: Vec<i32>,
+    s: DeviceBuffer<f16>,
+    out: DeviceBuffer<f16>,
+    bias: DeviceBuffer<f16>,
+    mask: DeviceBuffer<f16>,
+    ty: WindowTable,
+    slot: WindowTable,
+}
+
+impl Case for BiasMask {
+    fn name(&self) -> String {
+        if self.softmax { "bias_mask_softmax".into() } else { "bias_mask_add".into() }
+    }
+    fn shape(&self) -> String {
+        format!("{}x{}", self.windows, self.heads)
+    }
+    fn bytes(&self) -> usize {
+        let tile = T * T;
+        4 * self.windows * self.heads * tile + 2 * types(self.windows) * self.heads * tile + 2 * SLOTS * tile
+    }
+    fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
+        let mut rng = Rng(seed);
+        let (w, h, tile) = (self.windows, self.heads, T * T);
+        let n_types = types(w);
+        let s_host = rng.halves(w * h * tile, 4.0, 0.0);
+        let bias_host = rng.halves(n_types * h * tile, 2.0, 0.0);
+        let mask_host: Vec<f16> =
+            (0..SLOTS * tile).map(|_| if rng.next() < 0.3 { f16::from_f32(-100.0) } else { f16::ZERO }).collect();
+        let ty_host: Vec<i32> = (0..w).map(|i| (i % n_types) as i32).collect();
+        let slot_host: Vec<i32> = (0..w).map(|i| (i * 7 % SLOTS) as i32).collect();
+        Ok(Box::new(BiasMaskSet {
+            heads: h,
+            softmax: self.softmax,
+            s: dev.upload(&s_host)?,
+            out: dev.upload(&vec![f16::NAN; s_host.len()])?,
+            bias: dev.upload(&bias_host)?,
+            mask: dev.upload(&mask_host)?,
+            ty: WindowTable::new(dev, &ty_host, n_types)?,
+            slot: WindowTable::new(dev, &slot_host, SLOTS)?,
+            s_host,
+            bias_host,
+            mask_host,
+            ty_host,
+            slot_host,
+        }))
+    }
+}
+
+impl Instance for BiasMaskSet {
+    fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
+        let (bias, mask) = (self.bias.view(), self.mask.view());
+        let ab = AttnBias { bias: &bias, ty: &self.ty, mask: Some(AttnMask { mask: &mask, slot: &self.slot }) };
+        if self.softmax {
+            bias_mask_softmax(dev, &self.s.view(), &mut self.out.view_mut(), self.heads, T, &ab)
+        } else {
+            bias_mask_add(dev, &mut self.s.view_mut(), self.heads, T, &ab)
+        }
+    }
+    fn check(&mut self, dev: &Device) -> Result<f64, String> {
+        let e = |e: wavefuse::Error| e.to_string();
+        if !self.softmax {
+            // In place: restore the scores, apply once.
+            self.s.copy_from_host(&self.s_host).map_err(e)?;
+            self.launch(dev).map_err(e)?;
+        }
+        let got = if self.softmax { self.out.download() } else { self.s.download() }.map_err(e)?;
+        let (h, tile) = (self.heads, T * T);
+        let mut worst = 0.0f64;
+        for row in sampled_rows(self.s_host.len() / T) {
+            let (w, head, i) = (row / (h * T), (row / T) % h, row % T);
+            let (ty, slot) = (self.ty_host[w] as usize, self.slot_host[w] as usize);
+            let sum: Vec<f64> = (0..T)
+                .map(|j| {
+                    self.s_host[row * T + j].to_f64()
+                        + self.bias_host[(ty * h + head) * tile + i * T + j].to_f64()
+                        + self.mask_host[slot * tile + i * T + j].to_f64()
+                })
+                .collect();
+            let want = if self.softmax { oracle::softmax_row(&sum) } else { sum };
+            for (j, wv) in want.iter().enumerate() {
+                let g = got[row * T + j];
+                let err = ulp_err(g, *wv);
+                if !(err <= 1.0) {
+                    return Err(format!("row {row} col {j}: got {g} want {wv} ({err:.2} ulp)"));
+                }
+                worst = worst.max(err);
+            }
+        }
+        Ok(worst)
+    }
+}

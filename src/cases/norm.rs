@@ -1,0 +1,169 @@
+//! LayerNorm and residual-add + LayerNorm cases.
+use super::{Case, Instance, Rng, sampled_rows, ulp_err};
+use wavefuse::{Affine, Device, DeviceBuffer, add_layer_norm_to, f16, layer_norm};
+use wavefuse_suite::oracle;
+
+pub struct LayerNorm {
+    pub rows: usize,
+    pub width: usize,
+    pub affine: bool,
+}
+
+
+struct LayerNormSet {
+    width: usize,
+    x_host: Vec<f16>,
+    gb_host: Option<(Vec<f16>, Vec<f16>)>,
+    x: DeviceBuffer<f16>,
+    y: DeviceBuffer<f16>,
+    gb: Option<(DeviceBuffer<f16>, DeviceBuffer<f16>)>,
+}
+
+impl Case for LayerNorm {
+    fn name(&self) -> String {
+        if self.affine { "layer_norm_affine".into() } else { "layer_norm".into() }
+    }
+    fn shape(&self) -> String {
+        format!("[{},{}]", self.rows, self.width)
+    }
+    fn bytes(&self) -> usize {
+        2 * 2 * self.rows * self.width + if self.affine { 2 * 2 * self.width } else { 0 }
+    }
+    fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
+        let mut rng = Rng(seed);
+        let x_host = rng.halves(self.rows * self.width, 2.0, 0.25);
+        let gb_host = self
+            .affine
+            .then(|| (rng.halves(self.width, 0.5, 1.0), rng.halves(self.width, 0.5, 0.0)));
+        let gb = match &gb_host {
+            Some((g, b)) => Some((dev.upload(g)?, dev.upload(b)?)),
+            None => None,
+        };
+        Ok(Box::new(LayerNormSet {
+            width: self.width,
+            x: dev.upload(&x_host)?,
+            y: dev.upload(&vec![f16::NAN; x_host.len()])?,
+            x_host,
+            gb_host,
+            gb,
+        }))
+    }
+}
+
+impl Instance for LayerNormSet {
+    fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
+        let x = self.x.view();
+        let mut y = self.y.view_mut();
+        match &self.gb {
+            Some((g, b)) => {
+                let (gv, bv) = (g.view(), b.view());
+                layer_norm(dev, &x, &mut y, self.width, Some(Affine { gamma: &gv, beta: &bv }), 1e-5)
+            }
+            None => layer_norm(dev, &x, &mut y, self.width, None, 1e-5),
+        }
+    }
+    fn check(&mut self, _dev: &Device) -> Result<f64, String> {
+        let y = self.y.download().map_err(|e| e.to_string())?;
+        let mut worst = 0.0f64;
+        let rows = self.x_host.len() / self.width;
+        for r in sampled_rows(rows) {
+            let xr = &self.x_host[r * self.width..(r + 1) * self.width];
+            let yr = &y[r * self.width..(r + 1) * self.width];
+            let (g, b) = match &self.gb_host {
+                Some((g, b)) => (Some(g.as_slice()), Some(b.as_slice())),
+                None => (None, None),
+            };
+            let want = oracle::layer_norm_row(xr, g, b, 1e-5);
+            for (i, (got, w)) in yr.iter().zip(&want).enumerate() {
+                let e = ulp_err(*got, *w);
+                if !(e <= 2.0) {
+                    return Err(format!("row {r} col {i}: got {got} want {w} ({e:.2} ulp)"));
+                }
+                worst = worst.max(e);
+            }
+        }
+        Ok(worst)
+    }
+}
+
+/// `residual_out = f16(residual + branch)`, `y = LN(residual_out)` (the
+/// out-of-place form, so every timed launch sees the same inputs).
+pub struct AddLayerNorm {
+    pub rows: usize,
+    pub width: usize,
+}
+
+struct AddLayerNormSet {
+    width: usize,
+    r_host: Vec<f16>,
+    b_host: Vec<f16>,
+    r: DeviceBuffer<f16>,
+    b: DeviceBuffer<f16>,
+    r_out: DeviceBuffer<f16>,
+    y: DeviceBuffer<f16>,
+}
+
+impl Case for AddLayerNorm {
+    fn name(&self) -> String {
+        "add_layer_norm".into()
+    }
+    fn shape(&self) -> String {
+        format!("[{},{}]", self.rows, self.width)
+    }
+    fn bytes(&self) -> usize {
+        4 * 2 * self.rows * self.width
+    }
+    fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
+        let mut rng = Rng(seed);
+        let n = self.rows * self.width;
+        let r_host = rng.halves(n, 4.0, 0.5);
+        let b_host = rng.halves(n, 1.0, 0.0);
+        Ok(Box::new(AddLayerNormSet {
+            width: self.width,
+            r: dev.upload(&r_host)?,
+            b: dev.upload(&b_host)?,
+            r_out: dev.upload(&vec![f16::NAN; n])?,
+            y: dev.upload(&vec![f16::NAN; n])?,
+            r_host,
+            b_host,
+        }))
+    }
+}
+
+impl Instance for AddLayerNormSet {
+    fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
+        add_layer_norm_to(
+            dev,
+            &self.r.view(),
+            &self.b.view(),
+            &mut self.r_out.view_mut(),
+            &mut self.y.view_mut(),
+            self.width,
+            None,
+            1e-5,
+        )
+    }
+    fn check(&mut self, _dev: &Device) -> Result<f64, String> {
+        let e = |e: wavefuse::Error| e.to_string();
+        let (ro, y) = (self.r_out.download().map_err(e)?, self.y.download().map_err(e)?);
+        let w = self.width;
+        let mut worst = 0.0f64;
+        for r in sampled_rows(self.r_host.len() / w) {
+            let sum: Vec<f16> = (r * w..(r + 1) * w)
+                .map(|i| oracle::add_round(self.r_host[i], self.b_host[i]))
+                .collect();
+            if sum.iter().zip(&ro[r * w..(r + 1) * w]).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                return Err(format!("row {r}: residual_out is not the bit-exact f16 sum"));
+            }
+            let want = oracle::layer_norm_row(&sum, None, None, 1e-5);
+            for (i, (got, wv)) in y[r * w..(r + 1) * w].iter().zip(&want).enumerate() {
+                let e = ulp_err(*got, *wv);
+                if !(e <= 2.0) {
+                    return Err(format!("row {r} col {i}: got {got} want {wv} ({e:.2} ulp)"));
+                }
+                worst = worst.max(e);
+            }
+        }
+        Ok(worst)
+    }
+}
