@@ -10,40 +10,12 @@ mod common;
 mod fused;
 
 use common::{POISON, Rng, devices, halves};
-use fused::check_ln_row;
+use fused::{add_f16, check_ln_row, round_f16};
 use half::f16;
 use proptest::prelude::*;
 use wavefuse::{Affine, Device, Error, add_layer_norm, add_layer_norm_to};
 
 const WIDTHS: [usize; 3] = [192, 384, 768];
-
-/// Rounds an f64 to the nearest f16, ties to even, in one step (no detour
-/// through f32): the reference for `f16(residual + branch)`.
-fn round_f16(v: f64) -> f16 {
-    if v.is_nan() {
-        return f16::NAN;
-    }
-    if v.abs() >= 65520.0 {
-        return if v > 0.0 {
-            f16::INFINITY
-        } else {
-            f16::NEG_INFINITY
-        };
-    }
-    if v == 0.0 {
-        return f16::from_f64(v);
-    }
-    let e = v.abs().log2().floor().max(-14.0);
-    let ulp = 2f64.powf(e - 10.0);
-    let r = (v / ulp).round_ties_even() * ulp;
-    // `r` is representable: any conversion is exact.
-    f16::from_f64(r)
-}
-
-/// The exact f16 sum of two halves.
-fn add_f16(a: f16, b: f16) -> f16 {
-    round_f16(a.to_f64() + b.to_f64())
-}
 
 struct Case {
     width: usize,

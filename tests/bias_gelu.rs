@@ -116,7 +116,10 @@ fn run(dev: &Device, c: &Case) -> Result<f64, String> {
         }
     }
     let out = y.download().map_err(s)?;
-    if out[..c.offset].iter().any(|v| v.to_bits() != POISON.to_bits()) {
+    if out[..c.offset]
+        .iter()
+        .any(|v| v.to_bits() != POISON.to_bits())
+    {
         return Err("wrote before the output".into());
     }
     let mut worst = 0.0f64;
@@ -136,7 +139,10 @@ fn every_f16_input_within_1_ulp_both_modes_both_paths() {
     let x: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
     for mode in [GeluMode::Erf, GeluMode::Tanh] {
         for cols in [128usize, 1] {
-            for bias in [Bias::F16(vec![f16::ZERO; cols]), Bias::Bf16(vec![bf16::ZERO; cols])] {
+            for bias in [
+                Bias::F16(vec![f16::ZERO; cols]),
+                Bias::Bf16(vec![bf16::ZERO; cols]),
+            ] {
                 let c = Case {
                     cols,
                     x: x.clone(),
@@ -175,8 +181,15 @@ fn special_values_follow_the_f32_formula() {
             let xd = dev.upload(&x).expect("upload");
             let b = dev.upload(&[f16::ZERO; 8]).expect("upload");
             let mut y = dev.upload(&[POISON; 8]).expect("upload");
-            bias_gelu(&dev, &xd.view(), GeluBias::F16(&b.view()), &mut y.view_mut(), 8, mode)
-                .expect("launch");
+            bias_gelu(
+                &dev,
+                &xd.view(),
+                GeluBias::F16(&b.view()),
+                &mut y.view_mut(),
+                8,
+                mode,
+            )
+            .expect("launch");
             let y = y.download().expect("download");
             assert_eq!(y[0], f16::INFINITY, "{mode:?}");
             assert!(y[1].is_nan(), "{mode:?} gelu(-inf) = {}", y[1]);
@@ -210,22 +223,35 @@ fn vector_and_scalar_paths_agree_bit_for_bit() {
             let xv = xd.slice(offset..offset + x.len()).expect("slice");
             let bv = bd.slice(offset..offset + cols).expect("slice");
             let mut yv = y.slice_mut(offset..offset + x.len()).expect("slice");
-            bias_gelu(&dev, &xv, GeluBias::F16(&bv), &mut yv, cols, GeluMode::Erf)
-                .expect("launch");
+            bias_gelu(&dev, &xv, GeluBias::F16(&bv), &mut yv, cols, GeluMode::Erf).expect("launch");
             let out = y.download().expect("download");
-            outs.push((format!("{} offset {offset}", dev.info().name), out[offset..].to_vec()));
+            outs.push((
+                format!("{} offset {offset}", dev.info().name),
+                out[offset..].to_vec(),
+            ));
         }
     }
     for (name, o) in &outs[1..] {
         assert!(
-            o.iter().zip(&outs[0].1).all(|(a, b)| a.to_bits() == b.to_bits()),
+            o.iter()
+                .zip(&outs[0].1)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{name} differs from {}",
             outs[0].0
         );
     }
 }
 
-fn make_case(seed: u64, rows: usize, cols: usize, log_scale: f64, bf: bool, tanh: bool, offset: usize, special: bool) -> Case {
+fn make_case(
+    seed: u64,
+    rows: usize,
+    cols: usize,
+    log_scale: f64,
+    bf: bool,
+    tanh: bool,
+    offset: usize,
+    special: bool,
+) -> Case {
     let mut rng = Rng(seed);
     let scale = 10f64.powf(log_scale);
     let mut x = halves(&mut rng, rows * cols, scale, 0.0);
@@ -303,8 +329,18 @@ fn rejects_zero_cols() {
     let x = d.upload(&[f16::ONE; 8]).expect("upload");
     let b = d.upload(&[f16::ONE; 8]).expect("upload");
     let mut y = d.alloc::<f16>(8).expect("alloc");
-    let e = bias_gelu(&d, &x.view(), GeluBias::F16(&b.view()), &mut y.view_mut(), 0, GeluMode::Erf);
-    assert!(matches!(e, Err(Error::BadParameter { what: "cols", .. })), "{e:?}");
+    let e = bias_gelu(
+        &d,
+        &x.view(),
+        GeluBias::F16(&b.view()),
+        &mut y.view_mut(),
+        0,
+        GeluMode::Erf,
+    );
+    assert!(
+        matches!(e, Err(Error::BadParameter { what: "cols", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -313,7 +349,14 @@ fn rejects_empty_input() {
     let x = d.alloc::<f16>(0).expect("alloc");
     let b = d.upload(&[f16::ONE; 8]).expect("upload");
     let mut y = d.alloc::<f16>(0).expect("alloc");
-    let e = bias_gelu(&d, &x.view(), GeluBias::F16(&b.view()), &mut y.view_mut(), 8, GeluMode::Erf);
+    let e = bias_gelu(
+        &d,
+        &x.view(),
+        GeluBias::F16(&b.view()),
+        &mut y.view_mut(),
+        8,
+        GeluMode::Erf,
+    );
     assert!(matches!(e, Err(Error::Empty { .. })), "{e:?}");
 }
 
@@ -323,8 +366,25 @@ fn rejects_ragged_rows() {
     let x = d.upload(&[f16::ONE; 20]).expect("upload");
     let b = d.upload(&[f16::ONE; 8]).expect("upload");
     let mut y = d.alloc::<f16>(20).expect("alloc");
-    let e = bias_gelu(&d, &x.view(), GeluBias::F16(&b.view()), &mut y.view_mut(), 8, GeluMode::Erf);
-    assert!(matches!(e, Err(Error::RaggedRows { len: 20, width: 8, .. })), "{e:?}");
+    let e = bias_gelu(
+        &d,
+        &x.view(),
+        GeluBias::F16(&b.view()),
+        &mut y.view_mut(),
+        8,
+        GeluMode::Erf,
+    );
+    assert!(
+        matches!(
+            e,
+            Err(Error::RaggedRows {
+                len: 20,
+                width: 8,
+                ..
+            })
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -333,8 +393,18 @@ fn rejects_output_length_mismatch() {
     let x = d.upload(&[f16::ONE; 16]).expect("upload");
     let b = d.upload(&[f16::ONE; 8]).expect("upload");
     let mut y = d.alloc::<f16>(8).expect("alloc");
-    let e = bias_gelu(&d, &x.view(), GeluBias::F16(&b.view()), &mut y.view_mut(), 8, GeluMode::Erf);
-    assert!(matches!(e, Err(Error::LengthMismatch { what: "y", .. })), "{e:?}");
+    let e = bias_gelu(
+        &d,
+        &x.view(),
+        GeluBias::F16(&b.view()),
+        &mut y.view_mut(),
+        8,
+        GeluMode::Erf,
+    );
+    assert!(
+        matches!(e, Err(Error::LengthMismatch { what: "y", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -343,8 +413,25 @@ fn rejects_bias_length_mismatch() {
     let x = d.upload(&[f16::ONE; 16]).expect("upload");
     let b = d.upload(&[bf16::ONE; 7]).expect("upload");
     let mut y = d.alloc::<f16>(16).expect("alloc");
-    let e = bias_gelu(&d, &x.view(), GeluBias::Bf16(&b.view()), &mut y.view_mut(), 8, GeluMode::Tanh);
-    assert!(matches!(e, Err(Error::LengthMismatch { what: "bias", got: 7, .. })), "{e:?}");
+    let e = bias_gelu(
+        &d,
+        &x.view(),
+        GeluBias::Bf16(&b.view()),
+        &mut y.view_mut(),
+        8,
+        GeluMode::Tanh,
+    );
+    assert!(
+        matches!(
+            e,
+            Err(Error::LengthMismatch {
+                what: "bias",
+                got: 7,
+                ..
+            })
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -354,6 +441,16 @@ fn rejects_buffers_of_another_device() {
     let x = d.upload(&[f16::ONE; 8]).expect("upload");
     let b = other.upload(&[f16::ONE; 8]).expect("upload");
     let mut y = d.alloc::<f16>(8).expect("alloc");
-    let e = bias_gelu(&d, &x.view(), GeluBias::F16(&b.view()), &mut y.view_mut(), 8, GeluMode::Erf);
-    assert!(matches!(e, Err(Error::WrongDevice { what: "bias", .. })), "{e:?}");
+    let e = bias_gelu(
+        &d,
+        &x.view(),
+        GeluBias::F16(&b.view()),
+        &mut y.view_mut(),
+        8,
+        GeluMode::Erf,
+    );
+    assert!(
+        matches!(e, Err(Error::WrongDevice { what: "bias", .. })),
+        "{e:?}"
+    );
 }

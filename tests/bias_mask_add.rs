@@ -2,9 +2,12 @@
 //! backend present.
 //!
 //! Oracle: `S + bias[type(w)] + mask[slot(w)]` in f64 from plain index
-//! arithmetic; tolerance 1 f16 ulp (NaN / ±inf where the f64 sum is). Each
-//! element must also be bit-identical to the documented contract
-//! `f16((f32(S) + f32(bias)) + f32(mask))`, which also proves it was written.
+//! arithmetic; tolerance 1 f16 ulp plus the f32 term
+//! `2^-23 * (|S + mask| + |sum|)` (the contract's f32 adds; negligible for
+//! these inputs); NaN / ±inf where the f64 sum is. Each element must also be
+//! bit-identical to the documented contract
+//! `f16((f32(S) + f32(mask)) + f32(bias))`, which also proves it was
+//! written.
 //! A second test measures how far PyTorch's two-rounding
 //! `f16(f16(S + bias) + mask)` is from the same f64 value.
 mod common;
@@ -67,7 +70,9 @@ pub fn make_case(
         }
     }
     let bias = halves(&mut rng, n_types * heads * tt, 1.0, 0.0);
-    let ty = (0..windows).map(|_| rng.below(n_types as u64) as i32).collect();
+    let ty = (0..windows)
+        .map(|_| rng.below(n_types as u64) as i32)
+        .collect();
     let mask = slots.map(|n| {
         let m = (0..n * tt)
             .map(|_| match rng.below(3) {
@@ -117,13 +122,23 @@ fn run(dev: &Device, c: &Case) -> Result<Vec<f16>, String> {
     sd.download().map_err(s)
 }
 
+/// The f16 ulp of `x` (floored at the smallest normal's), as in `ulp_err`.
+fn ulp16(x: f64) -> f64 {
+    2f64.powf(x.abs().max(f16::MIN_POSITIVE.to_f64()).log2().floor() - 10.0)
+}
+
+/// Bound on the contract's f32 rounding errors (two adds), in absolute terms.
+fn f32_term(s: f16, m: f16, sum: f64) -> f64 {
+    2f64.powi(-23) * ((s.to_f64() + m.to_f64()).abs() + sum.abs())
+}
+
 fn check(dev: &Device, c: &Case) -> Result<f64, String> {
     let out = run(dev, c)?;
     let mut worst = 0.0f64;
     for (i, (&got, &sv)) in out.iter().zip(&c.s).enumerate() {
         let (b, m) = c.addends(i);
         let at = format!("{} elem {i} ({sv} + {b} + {m})", dev.info().name);
-        let contract = f16::from_f32((sv.to_f32() + b.to_f32()) + m.to_f32());
+        let contract = f16::from_f32((sv.to_f32() + m.to_f32()) + b.to_f32());
         let exact = sv.to_f64() + b.to_f64() + m.to_f64();
         if exact.is_nan() {
             if !got.is_nan() {
@@ -141,7 +156,7 @@ fn check(dev: &Device, c: &Case) -> Result<f64, String> {
             continue;
         }
         let e = ulp_err(got, exact);
-        if e > 1.0 {
+        if e > 1.0 && (got.to_f64() - exact).abs() > ulp16(exact) + f32_term(sv, m, exact) {
             return Err(format!("{at}: {e:.3} ulp from f64"));
         }
         worst = worst.max(e);
@@ -184,7 +199,8 @@ fn pangu_tile_many_workgroups() {
 fn one_rounding_vs_pytorch_two_roundings() {
     // Scores near +100 that the -100 mask nearly cancels: PyTorch's
     // f16(f16(S + bias) + mask) inherits the first rounding's error (up to
-    // half an ulp of ~100) in a result near 0; ours rounds once.
+    // half an f16 ulp of ~100) in a result near 0; ours rounds to f16 once
+    // (S + mask is exact here, so only the final add rounds in f32).
     let mut c = make_case(17, 4, 2, 144, 2, Some(1), 1.0, false);
     let mut rng = Rng(5);
     for v in c.s.iter_mut() {
@@ -200,6 +216,11 @@ fn one_rounding_vs_pytorch_two_roundings() {
             let (b, m) = c.addends(i);
             let exact = sv.to_f64() + b.to_f64() + m.to_f64();
             let pt = f16::from_f32(f16::from_f32(sv.to_f32() + b.to_f32()).to_f32() + m.to_f32());
+            let err = (got.to_f64() - exact).abs();
+            assert!(
+                err <= 0.5 * ulp16(exact) + f32_term(sv, m, exact),
+                "elem {i}: {sv} + {b} + {m} = {exact:e}, got {got}"
+            );
             ours = ours.max(ulp_err(got, exact));
             two = two.max(ulp_err(pt, exact));
             differ += usize::from(pt.to_bits() != got.to_bits());
@@ -209,8 +230,11 @@ fn one_rounding_vs_pytorch_two_roundings() {
             dev.info().name,
             out.len()
         );
-        assert!(ours <= 0.5 + 1e-9, "ours {ours}");
-        assert!(two > 1.0 && differ > 0, "the two-rounding path should be measurably worse here");
+        assert!(ours <= 0.5 + 1e-3, "ours {ours}");
+        assert!(
+            two > 100.0 && differ > 0,
+            "the two-rounding path should be measurably worse here"
+        );
     }
     // Without cancellation (the usual -100 mask on O(1) scores) the two
     // paths differ by at most one ulp.
@@ -223,7 +247,10 @@ fn one_rounding_vs_pytorch_two_roundings() {
             let pt = f16::from_f32(f16::from_f32(sv.to_f32() + b.to_f32()).to_f32() + m.to_f32());
             most = most.max(ulp_err(pt, got.to_f64()));
         }
-        eprintln!("{}: O(1) scores: paths differ by at most {most:.2} ulp", dev.info().name);
+        eprintln!(
+            "{}: O(1) scores: paths differ by at most {most:.2} ulp",
+            dev.info().name
+        );
         assert!(most <= 1.0);
     }
 }
@@ -249,58 +276,93 @@ fn try_add(
     let mut s = d.upload(&vec![f16::ONE; s_len])?;
     let b = d.upload(&vec![f16::ONE; bias_len])?;
     let t = WindowTable::new(d, ty, n_types)?;
-    let m = mask.map(|(len, _, _)| d.upload(&vec![f16::ZERO; len])).transpose()?;
-    let sl = mask.map(|(_, sl, n)| WindowTable::new(d, sl, n)).transpose()?;
+    let m = mask
+        .map(|(len, _, _)| d.upload(&vec![f16::ZERO; len]))
+        .transpose()?;
+    let sl = mask
+        .map(|(_, sl, n)| WindowTable::new(d, sl, n))
+        .transpose()?;
     let bv = b.view();
     let mv = m.as_ref().map(|m| m.view());
     let mk = match (&mv, &sl) {
         (Some(mask), Some(slot)) => Some(AttnMask { mask, slot }),
         _ => None,
     };
-    bias_mask_add(d, &mut s.view_mut(), heads, tokens, &AttnBias { bias: &bv, ty: &t, mask: mk })
+    bias_mask_add(
+        d,
+        &mut s.view_mut(),
+        heads,
+        tokens,
+        &AttnBias {
+            bias: &bv,
+            ty: &t,
+            mask: mk,
+        },
+    )
 }
 
 #[test]
 fn rejects_tokens_not_a_multiple_of_4() {
     let e = try_add(&cpu(), 36, 36, &[0], 1, None, 1, 6);
-    assert!(matches!(e, Err(Error::BadParameter { what: "tokens", .. })), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::BadParameter { what: "tokens", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
 fn rejects_zero_heads() {
     let e = try_add(&cpu(), 64, 64, &[0], 1, None, 0, 8);
-    assert!(matches!(e, Err(Error::BadParameter { what: "heads", .. })), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::BadParameter { what: "heads", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
 fn rejects_empty_scores() {
     let e = try_add(&cpu(), 0, 64, &[0], 1, None, 1, 8);
-    assert!(matches!(e, Err(Error::Empty { what: "scores", .. })), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::Empty { what: "scores", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
 fn rejects_scores_that_disagree_with_the_table() {
     // Two windows in the table, one window of scores.
     let e = try_add(&cpu(), 64, 64, &[0, 0], 1, None, 1, 8);
-    assert!(matches!(e, Err(Error::LengthMismatch { what: "scores", .. })), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::LengthMismatch { what: "scores", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
 fn rejects_bias_of_the_wrong_length() {
     let e = try_add(&cpu(), 64, 64, &[0], 2, None, 1, 8);
-    assert!(matches!(e, Err(Error::LengthMismatch { what: "bias", .. })), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::LengthMismatch { what: "bias", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
 fn rejects_mask_of_the_wrong_length() {
     let e = try_add(&cpu(), 64, 64, &[0], 1, Some((64, &[1], 2)), 1, 8);
-    assert!(matches!(e, Err(Error::LengthMismatch { what: "mask", .. })), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::LengthMismatch { what: "mask", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
 fn rejects_slot_table_of_the_wrong_length() {
     let e = try_add(&cpu(), 64, 64, &[0], 1, Some((64, &[0, 0], 1)), 1, 8);
-    assert!(matches!(e, Err(Error::LengthMismatch { what: "slot", .. })), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::LengthMismatch { what: "slot", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -311,8 +373,21 @@ fn rejects_misaligned_scores() {
     let t = WindowTable::new(&d, &[0], 1).expect("table");
     let bv = b.view();
     let mut sv = s.slice_mut(1..65).expect("slice");
-    let e = bias_mask_add(&d, &mut sv, 1, 8, &AttnBias { bias: &bv, ty: &t, mask: None });
-    assert!(matches!(e, Err(Error::Misaligned { what: "scores", .. })), "{e:?}");
+    let e = bias_mask_add(
+        &d,
+        &mut sv,
+        1,
+        8,
+        &AttnBias {
+            bias: &bv,
+            ty: &t,
+            mask: None,
+        },
+    );
+    assert!(
+        matches!(e, Err(Error::Misaligned { what: "scores", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -323,8 +398,21 @@ fn rejects_buffers_of_another_device() {
     let b = d.upload(&vec![f16::ONE; 64]).expect("upload");
     let t = WindowTable::new(&other, &[0], 1).expect("table");
     let bv = b.view();
-    let e = bias_mask_add(&d, &mut s.view_mut(), 1, 8, &AttnBias { bias: &bv, ty: &t, mask: None });
-    assert!(matches!(e, Err(Error::WrongDevice { what: "ty", .. })), "{e:?}");
+    let e = bias_mask_add(
+        &d,
+        &mut s.view_mut(),
+        1,
+        8,
+        &AttnBias {
+            bias: &bv,
+            ty: &t,
+            mask: None,
+        },
+    );
+    assert!(
+        matches!(e, Err(Error::WrongDevice { what: "ty", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -332,7 +420,10 @@ fn window_table_rejects_out_of_range_entries() {
     let d = cpu();
     for bad in [[0, 3, 1], [0, -1, 1]] {
         let e = WindowTable::new(&d, &bad, 3);
-        assert!(matches!(e, Err(Error::BadParameter { what: "table", .. })), "{e:?}");
+        assert!(
+            matches!(e, Err(Error::BadParameter { what: "table", .. })),
+            "{e:?}"
+        );
     }
 }
 
@@ -340,7 +431,13 @@ fn window_table_rejects_out_of_range_entries() {
 fn window_table_rejects_empty_table_and_zero_bound() {
     let d = cpu();
     let e = WindowTable::new(&d, &[], 3);
-    assert!(matches!(e, Err(Error::Empty { what: "table", .. })), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::Empty { what: "table", .. })),
+        "{e:?}"
+    );
     let e = WindowTable::new(&d, &[0], 0);
-    assert!(matches!(e, Err(Error::BadParameter { what: "bound", .. })), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::BadParameter { what: "bound", .. })),
+        "{e:?}"
+    );
 }

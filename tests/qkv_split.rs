@@ -25,7 +25,12 @@ fn run(dev: &Device, c: &Case) -> Result<(), String> {
     let ch = h * 32;
     let n = c.x.len() / 3;
     let x = dev.upload(&c.x).map_err(s)?;
-    let b = c.bias.as_ref().map(|b| dev.upload(b)).transpose().map_err(s)?;
+    let b = c
+        .bias
+        .as_ref()
+        .map(|b| dev.upload(b))
+        .transpose()
+        .map_err(s)?;
     let mut outs = [(); 3].map(|_| dev.upload(&vec![POISON; n]));
     let [q, k, v] = &mut outs;
     let (q, k, v) = (
@@ -101,7 +106,15 @@ fn run(dev: &Device, c: &Case) -> Result<(), String> {
     Ok(())
 }
 
-fn make_case(seed: u64, windows: usize, heads: usize, tokens: usize, bias: bool, scale: Option<f32>, special: bool) -> Case {
+fn make_case(
+    seed: u64,
+    windows: usize,
+    heads: usize,
+    tokens: usize,
+    bias: bool,
+    scale: Option<f32>,
+    special: bool,
+) -> Case {
     let mut rng = Rng(seed);
     let mut p = QkvSplit::new(heads);
     p.tokens_per_window = tokens;
@@ -122,7 +135,12 @@ fn make_case(seed: u64, windows: usize, heads: usize, tokens: usize, bias: bool,
         }
     }
     let bias = bias.then(|| halves(&mut rng, 3 * heads * 32, 2.0, 0.0));
-    Case { windows, p, x, bias }
+    Case {
+        windows,
+        p,
+        x,
+        bias,
+    }
 }
 
 proptest! {
@@ -162,7 +180,8 @@ fn pangu_shapes_with_and_without_bias() {
 #[test]
 fn default_scale_is_one_over_sqrt_32() {
     let p = QkvSplit::new(6);
-    assert_eq!(p.scale, 0.176_776_7_f32);
+    // Python's `32 ** -0.5`, rounded to f32 as PyTorch's opmath does.
+    assert_eq!(p.scale, 0.176_776_695_296_636_87_f64 as f32);
     assert_eq!((p.head_dim, p.tokens_per_window), (32, 144));
 }
 
@@ -173,14 +192,28 @@ fn cpu() -> Device {
 }
 
 /// Runs `qkv_split` on CPU buffers of the given lengths.
-fn try_split(d: &Device, n_in: usize, n_out: [usize; 3], bias: Option<usize>, p: &QkvSplit) -> wavefuse::Result<()> {
+fn try_split(
+    d: &Device,
+    n_in: usize,
+    n_out: [usize; 3],
+    bias: Option<usize>,
+    p: &QkvSplit,
+) -> wavefuse::Result<()> {
     let x = d.upload(&vec![f16::ONE; n_in])?;
     let b = bias.map(|n| d.upload(&vec![f16::ONE; n])).transpose()?;
     let mut q = d.alloc::<f16>(n_out[0])?;
     let mut k = d.alloc::<f16>(n_out[1])?;
     let mut v = d.alloc::<f16>(n_out[2])?;
     let bv = b.as_ref().map(|b| b.view());
-    qkv_split(d, &x.view(), bv.as_ref(), &mut q.view_mut(), &mut k.view_mut(), &mut v.view_mut(), p)
+    qkv_split(
+        d,
+        &x.view(),
+        bv.as_ref(),
+        &mut q.view_mut(),
+        &mut k.view_mut(),
+        &mut v.view_mut(),
+        p,
+    )
 }
 
 const ONE_WINDOW: usize = 144 * 3 * 32; // heads = 1
@@ -190,13 +223,25 @@ fn rejects_head_dim_other_than_32() {
     let mut p = QkvSplit::new(1);
     p.head_dim = 64;
     let e = try_split(&cpu(), 2 * ONE_WINDOW, [ONE_WINDOW; 3], None, &p);
-    assert!(matches!(e, Err(Error::UnsupportedWidth { width: 64, .. })), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::UnsupportedWidth { width: 64, .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
 fn rejects_zero_heads() {
-    let e = try_split(&cpu(), ONE_WINDOW, [ONE_WINDOW / 3; 3], None, &QkvSplit::new(0));
-    assert!(matches!(e, Err(Error::BadParameter { what: "heads", .. })), "{e:?}");
+    let e = try_split(
+        &cpu(),
+        ONE_WINDOW,
+        [ONE_WINDOW / 3; 3],
+        None,
+        &QkvSplit::new(0),
+    );
+    assert!(
+        matches!(e, Err(Error::BadParameter { what: "heads", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -204,7 +249,16 @@ fn rejects_zero_tokens_per_window() {
     let mut p = QkvSplit::new(1);
     p.tokens_per_window = 0;
     let e = try_split(&cpu(), ONE_WINDOW, [ONE_WINDOW / 3; 3], None, &p);
-    assert!(matches!(e, Err(Error::BadParameter { what: "tokens_per_window", .. })), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            Err(Error::BadParameter {
+                what: "tokens_per_window",
+                ..
+            })
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -212,7 +266,10 @@ fn rejects_non_finite_scale() {
     let mut p = QkvSplit::new(1);
     p.scale = f32::NAN;
     let e = try_split(&cpu(), ONE_WINDOW, [ONE_WINDOW / 3; 3], None, &p);
-    assert!(matches!(e, Err(Error::BadParameter { what: "scale", .. })), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::BadParameter { what: "scale", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -223,7 +280,13 @@ fn rejects_empty_input() {
 
 #[test]
 fn rejects_partial_window() {
-    let e = try_split(&cpu(), ONE_WINDOW + 96, [ONE_WINDOW / 3 + 32; 3], None, &QkvSplit::new(1));
+    let e = try_split(
+        &cpu(),
+        ONE_WINDOW + 96,
+        [ONE_WINDOW / 3 + 32; 3],
+        None,
+        &QkvSplit::new(1),
+    );
     assert!(matches!(e, Err(Error::RaggedRows { .. })), "{e:?}");
 }
 
@@ -231,14 +294,20 @@ fn rejects_partial_window() {
 fn rejects_output_length_mismatch() {
     let n = ONE_WINDOW / 3;
     let e = try_split(&cpu(), ONE_WINDOW, [n, n, n - 8], None, &QkvSplit::new(1));
-    assert!(matches!(e, Err(Error::LengthMismatch { what: "v", .. })), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::LengthMismatch { what: "v", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
 fn rejects_bias_length_mismatch() {
     let n = ONE_WINDOW / 3;
     let e = try_split(&cpu(), ONE_WINDOW, [n; 3], Some(32), &QkvSplit::new(1));
-    assert!(matches!(e, Err(Error::LengthMismatch { what: "bias", .. })), "{e:?}");
+    assert!(
+        matches!(e, Err(Error::LengthMismatch { what: "bias", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -250,8 +319,19 @@ fn rejects_misaligned_output() {
     let mut k = d.alloc::<f16>(n).expect("alloc");
     let mut v = d.alloc::<f16>(n).expect("alloc");
     let mut qv = q.slice_mut(1..n + 1).expect("slice");
-    let e = qkv_split(&d, &x.view(), None, &mut qv, &mut k.view_mut(), &mut v.view_mut(), &QkvSplit::new(1));
-    assert!(matches!(e, Err(Error::Misaligned { what: "q", .. })), "{e:?}");
+    let e = qkv_split(
+        &d,
+        &x.view(),
+        None,
+        &mut qv,
+        &mut k.view_mut(),
+        &mut v.view_mut(),
+        &QkvSplit::new(1),
+    );
+    assert!(
+        matches!(e, Err(Error::Misaligned { what: "q", .. })),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -263,6 +343,17 @@ fn rejects_buffers_of_another_device() {
     let mut q = d.alloc::<f16>(n).expect("alloc");
     let mut k = other.alloc::<f16>(n).expect("alloc");
     let mut v = d.alloc::<f16>(n).expect("alloc");
-    let e = qkv_split(&d, &x.view(), None, &mut q.view_mut(), &mut k.view_mut(), &mut v.view_mut(), &QkvSplit::new(1));
-    assert!(matches!(e, Err(Error::WrongDevice { what: "k", .. })), "{e:?}");
+    let e = qkv_split(
+        &d,
+        &x.view(),
+        None,
+        &mut q.view_mut(),
+        &mut k.view_mut(),
+        &mut v.view_mut(),
+        &QkvSplit::new(1),
+    );
+    assert!(
+        matches!(e, Err(Error::WrongDevice { what: "k", .. })),
+        "{e:?}"
+    );
 }

@@ -76,11 +76,10 @@ pub fn all(full: bool) -> Vec<Box<dyn Case>> {
     } else {
         &[([2, 13, 24], 192), ([2, 7, 12], 384)]
     };
-    for &(g, c) in grids {
-        v.push(Box::new(gather::Gather { grid: g, channels: c, ln: false }));
-    }
-    for &(g, c) in grids {
-        v.push(Box::new(gather::Gather { grid: g, channels: c, ln: true }));
+    for fuse in [gather::Fuse::None, gather::Fuse::Ln, gather::Fuse::AddLn] {
+        for &(g, c) in grids {
+            v.push(Box::new(gather::Gather { grid: g, channels: c, fuse }));
+        }
     }
     let mlp: &[(usize, usize)] = if full {
         &[(521280, 768), (131040, 1536), (131040, 768)]

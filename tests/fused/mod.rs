@@ -108,3 +108,51 @@ pub fn table(rng: &mut Rng, kind: u8, n_out: usize, n_src: usize) -> Vec<i32> {
         }
     }
 }
+
+/// Rounds an f64 to the nearest f16, ties to even, in one step (no detour
+/// through f32): the reference for `f16(residual + branch)`.
+pub fn round_f16(v: f64) -> f16 {
+    if v.is_nan() {
+        return f16::NAN;
+    }
+    if v.abs() >= 65520.0 {
+        return if v > 0.0 {
+            f16::INFINITY
+        } else {
+            f16::NEG_INFINITY
+        };
+    }
+    if v == 0.0 {
+        return f16::from_f64(v);
+    }
+    let e = v.abs().log2().floor().max(-14.0);
+    let ulp = 2f64.powf(e - 10.0);
+    let r = (v / ulp).round_ties_even() * ulp;
+    // `r` is representable: any conversion is exact.
+    f16::from_f64(r)
+}
+
+/// The exact f16 sum of two halves.
+pub fn add_f16(a: f16, b: f16) -> f16 {
+    round_f16(a.to_f64() + b.to_f64())
+}
+
+/// A partition table: every source exactly once, shuffled, with runs of
+/// padding between (about `pad_per_16 / 16` of the entries are padding).
+pub fn partition(rng: &mut Rng, n_src: usize, pad_per_16: u64) -> Vec<i32> {
+    let mut perm: Vec<i32> = (0..n_src as i32).collect();
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let mut t = Vec::new();
+    for s in perm {
+        while rng.below(16) < pad_per_16 {
+            t.push(-1);
+        }
+        t.push(s);
+    }
+    if rng.below(2) == 0 {
+        t.extend(std::iter::repeat_n(-1, rng.below(9) as usize));
+    }
+    t
+}

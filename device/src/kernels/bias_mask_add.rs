@@ -3,8 +3,11 @@
 //! `S` [windows, heads, T, T] f16, `bias` [types, heads, T, T] f16 picked by
 //! an INT32 window -> type table, `mask` [slots, T, T] f16 picked by an INT32
 //! window -> slot table (optional). One rounding:
-//! `S = f16((f32(S) + f32(bias)) + f32(mask))`, two f32 adds in that order.
-//! (PyTorch's unfused `(S + bias) + mask` rounds `S + bias` to f16 first.)
+//! `S = f16((f32(S) + f32(mask)) + f32(bias))`, two f32 adds in that order.
+//! The mask goes first: for the planner's masks (0, -100) `S + mask` is
+//! exact in f32 whenever it cancels (Sterbenz), so the sum is the exact sum
+//! rounded once even where the mask wipes out most of the score. (PyTorch's
+//! unfused `(S + bias) + mask` rounds `S + bias` to f16 first.)
 //!
 //! The mask is f16 on the device: the planner's values (0, -100, and -inf if
 //! used) are exact in f16, and it halves the mask's bytes and registers.
@@ -123,15 +126,16 @@ unsafe fn load3<const MASK: bool>(
     }
 }
 
-/// `(s + b) [+ m]` in f32, per element.
+/// `(s [+ m]) + b` in f32, per element.
 #[inline(always)]
 pub fn sum3<const MASK: bool>(s: [f32; 8], b: [f32; 8], m: [f32; 8]) -> [f32; 8] {
     let mut o = [0.0f32; 8];
     for (i, o) in o.iter_mut().enumerate() {
-        *o = s[i] + b[i];
-        if MASK {
-            *o += m[i];
-        }
+        *o = if MASK {
+            (s[i] + m[i]) + b[i]
+        } else {
+            s[i] + b[i]
+        };
     }
     o
 }

@@ -1,7 +1,7 @@
 //! Fused `P = softmax(S + bias[type(w)] + mask[slot(w)])` over the last
 //! axis of attention scores [windows, heads, 144, 144] (f16 in, f16 out).
 //!
-//! Numerics: `z = (f32(S) + f32(bias)) + f32(mask)` in f32 (as
+//! Numerics: `z = (f32(S) + f32(mask)) + f32(bias)` in f32 (as
 //! [`super::bias_mask_add`], never rounded to f16), `m = max z` (f32),
 //! `e = exp(z - m)` ([`crate::math::exp`]), `sum = sum e` in f32 (each lane
 //! adds its 72 values in order, then one butterfly step),
@@ -66,7 +66,8 @@ pub unsafe fn bias_mask_softmax<const MASK: bool>(
         let hd = crate::math::divisor(heads);
         let (w, h) = (tile / hd, (tile % hd) as usize);
         // SAFETY: w < windows.
-        let (ty, sl) = unsafe { super::bias_mask_add::lookup::<MASK>(types, slots, w, n_types, n_slots) };
+        let (ty, sl) =
+            unsafe { super::bias_mask_add::lookup::<MASK>(types, slots, w, n_types, n_slots) };
         let so = row as usize * T;
         let bo = ((ty as usize * heads as usize + h) * T + i) * T;
         let mo = (sl as usize * T + i) * T;

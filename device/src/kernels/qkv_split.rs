@@ -79,8 +79,8 @@ pub unsafe fn qkv_split<const BIAS: bool>(
             let r = r % per_part; // head * 4 + quarter
             let (w, t) = (token / tokens_nz, token % tokens_nz);
             let (h, quarter) = (r / 4, r % 4);
-            let row = (u64::from(w) * u64::from(heads) + u64::from(h)) * u64::from(tokens)
-                + u64::from(t);
+            let row =
+                (u64::from(w) * u64::from(heads) + u64::from(h)) * u64::from(tokens) + u64::from(t);
             let off = row as usize * QKV_HEAD_DIM as usize + quarter as usize * 8;
             let out = match part {
                 0 => q,
@@ -92,7 +92,10 @@ pub unsafe fn qkv_split<const BIAS: bool>(
             unsafe {
                 src[j] = core::ptr::read(qkv.add(i as usize * 8).cast::<V8>());
                 if BIAS {
-                    bv[j] = core::ptr::read(bias.add((part * per_part.get() + r) as usize * 8).cast::<V8>());
+                    bv[j] = core::ptr::read(
+                        bias.add((part * per_part.get() + r) as usize * 8)
+                            .cast::<V8>(),
+                    );
                 }
                 dst[j] = out.add(off);
             }

@@ -21,7 +21,7 @@
 //! Paths: 16-byte vectors when `cols % 8 == 0` and `x`, `y` and `bias` are
 //! 16-byte aligned, element by element otherwise (any `cols >= 1`, any
 //! offset). Both give the same bits.
-use super::Check;
+use super::{Check, VEC_ALIGN};
 use crate::backend::{Arg, Launch};
 use crate::buffer::{Span, View, ViewMut};
 use crate::device::Device;
@@ -112,15 +112,8 @@ pub fn bias_gelu(
             blocks: n.div_ceil((GELU_BLOCK * GELU_PER_THREAD) as usize),
         });
     }
-    let vector = cols % 8 == 0
-        && [&xs, &ys, &bs]
-            .iter()
-            .all(|s| c.aligned(s, "x").is_ok());
-    let (items, per_row) = if vector {
-        (n / 8, cols / 8)
-    } else {
-        (n, cols)
-    };
+    let vector = cols.is_multiple_of(8) && [&xs, &ys, &bs].iter().all(|s| s.ptr % VEC_ALIGN == 0);
+    let (items, per_row) = if vector { (n / 8, cols / 8) } else { (n, cols) };
     let grid = c.grid(
         rows,
         items.div_ceil((GELU_BLOCK * GELU_PER_THREAD) as usize),

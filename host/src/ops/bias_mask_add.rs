@@ -7,12 +7,19 @@
 //! the window planner), validated once when a [`WindowTable`] is built.
 //!
 //! Rounding contract: one rounding,
-//! `S = f16((f32(S) + f32(bias)) + f32(mask))` (two f32 adds in that order).
+//! `S = f16((f32(S) + f32(mask)) + f32(bias))` (two f32 adds in that
+//! order; without a mask `f16(f32(S) + f32(bias))`). The mask goes first
+//! because with the planner's values (0, -100) `S + mask` is exact in f32
+//! whenever it cancels (Sterbenz), so the result is the exact sum rounded
+//! once to f16 even where the mask wipes out most of the score; in general
+//! the f32 adds add at most `2^-24 * (|S + mask| + |result|)`.
+//!
 //! PyTorch's unfused `(S + bias) + mask` on f16 tensors rounds twice:
-//! `f16(f16(S + bias) + mask)`. The results differ by at most one f16 ulp
-//! when `|S + bias + mask| >= |S + bias|`, but by many ulps of the result
-//! when the mask cancels most of `S + bias` (the first rounding's error is
-//! relative to the larger operand); the suite measures both.
+//! `f16(f16(S + bias) + mask)`. The two differ by at most one f16 ulp when
+//! `|S + bias + mask| >= |S + bias|` (e.g. O(1) scores and a -100 mask), but
+//! by up to thousands of ulps of the result when the mask cancels most of
+//! `S + bias` (the first rounding's error is relative to the larger
+//! operand); `tests/bias_mask_add.rs` measures both.
 //!
 //! The mask is f16 on the device: the planner's f32 masks hold 0 and -100
 //! (and -inf where used), all exact in f16, so converting them once loses
@@ -242,7 +249,7 @@ pub fn bias_mask_add(
         dev,
         op: "bias_mask_add",
     };
-    if tokens == 0 || tokens % 4 != 0 || tokens > 1 << 15 {
+    if tokens == 0 || !tokens.is_multiple_of(4) || tokens > 1 << 15 {
         return Err(Error::BadParameter {
             op: c.op,
             what: "tokens",

@@ -1,7 +1,7 @@
 //! Fused `P = softmax(S + earth_bias[type(w)] + mask[slot(w)], dim=-1)` for
 //! attention scores [windows, heads, 144, 144] f16.
 //!
-//! Contract: `z = (f32(S) + f32(bias)) + f32(mask)` in f32 (not rounded to
+//! Contract: `z = (f32(S) + f32(mask)) + f32(bias)` in f32 (not rounded to
 //! f16, unlike PyTorch's unfused `(S + bias) + mask`; see
 //! [`crate::ops::bias_mask_add`]); then the safe softmax in f32
 //! (`m = max z`, `e = exp(z - m)`, `sum = sum e`) and

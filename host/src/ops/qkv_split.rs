@@ -81,7 +81,10 @@ pub fn qkv_split(
             supported: &QKV_HEAD_DIMS,
         });
     }
-    for (what, val) in [("heads", p.heads), ("tokens_per_window", p.tokens_per_window)] {
+    for (what, val) in [
+        ("heads", p.heads),
+        ("tokens_per_window", p.tokens_per_window),
+    ] {
         if val == 0 || val > u32::MAX as usize / 12 {
             return Err(Error::BadParameter {
                 op: c.op,

@@ -1,0 +1,392 @@
+//! Fused bias + mask + softmax through the public API on every backend
+//! present, out of place and in place.
+//!
+//! Oracle: `z = (f32(S) + f32(mask)) + f32(bias)` formed as the contract
+//! says (the f32 adds are part of it), then the softmax of each row of `z`
+//! in f64. Tolerance: 1 f16 ulp (floored at the smallest normal's ulp, so
+//! tiny probabilities are held to 2^-24 absolute). Rows with NaN, +inf, or
+//! only -inf must be NaN everywhere (as `torch.softmax`).
+mod common;
+
+use common::{POISON, Rng, devices, halves, ulp_err};
+use half::f16;
+use proptest::prelude::*;
+use wavefuse::{
+    AttnBias, AttnMask, Choice, Device, Error, Wave, WindowTable, bias_mask_softmax,
+    bias_mask_softmax_inplace,
+};
+
+const T: usize = 144;
+const TT: usize = T * T;
+
+struct Case {
+    heads: usize,
+    s: Vec<f16>,
+    bias: Vec<f16>,
+    ty: Vec<i32>,
+    n_types: usize,
+    mask: Option<(Vec<f16>, Vec<i32>, usize)>,
+}
+
+/// `special`: 0 none, 1 NaN / ±inf / fully masked rows, 2 large scores.
+fn make_case(
+    seed: u64,
+    windows: usize,
+    heads: usize,
+    n_types: usize,
+    slots: Option<usize>,
+    scale: f64,
+    special: u8,
+) -> Case {
+    let mut rng = Rng(seed);
+    let mut s = halves(&mut rng, windows * heads * TT, scale, 0.0);
+    let rows = windows * heads * T;
+    if special == 1 {
+        for r in 0..rows {
+            let row = &mut s[r * T..(r + 1) * T];
+            match rng.below(12) {
+                0 => row[rng.below(T as u64) as usize] = f16::NAN,
+                1 => row[rng.below(T as u64) as usize] = f16::INFINITY,
+                2 => row.fill(f16::NEG_INFINITY), // fully masked: NaN
+                3 => {
+                    // All but one masked: that one gets probability 1.
+                    row.fill(f16::NEG_INFINITY);
+                    row[rng.below(T as u64) as usize] = f16::from_f32(1.5);
+                }
+                4 => {
+                    for v in row.iter_mut() {
+                        if rng.below(2) == 0 {
+                            *v = f16::NEG_INFINITY;
+                        }
+                    }
+                }
+                5 => row.fill(f16::from_f32(3.0)), // constant row: uniform
+                _ => {}
+            }
+        }
+    }
+    if special == 2 {
+        for v in s.iter_mut() {
+            if rng.below(100) == 0 {
+                *v = f16::from_f32(60000.0 * (rng.unit() as f32 - 0.5));
+            }
+        }
+    }
+    let bias = halves(&mut rng, n_types * heads * TT, 1.0, 0.0);
+    let ty = (0..windows)
+        .map(|_| rng.below(n_types as u64) as i32)
+        .collect();
+    let mask = slots.map(|n| {
+        let m = (0..n * TT)
+            .map(|_| {
+                if rng.below(3) == 0 {
+                    f16::from_f32(-100.0)
+                } else {
+                    f16::ZERO
+                }
+            })
+            .collect();
+        let sl = (0..windows).map(|_| rng.below(n as u64) as i32).collect();
+        (m, sl, n)
+    });
+    Case {
+        heads,
+        s,
+        bias,
+        ty,
+        n_types,
+        mask,
+    }
+}
+
+/// Runs the kernel, in place or not; returns the probabilities.
+fn run(dev: &Device, c: &Case, inplace: bool) -> Result<Vec<f16>, String> {
+    let e = |e: Error| e.to_string();
+    let bd = dev.upload(&c.bias).map_err(e)?;
+    let ty = WindowTable::new(dev, &c.ty, c.n_types).map_err(e)?;
+    let (md, sl) = match &c.mask {
+        Some((m, sl, n)) => (
+            Some(dev.upload(m).map_err(e)?),
+            Some(WindowTable::new(dev, sl, *n).map_err(e)?),
+        ),
+        None => (None, None),
+    };
+    let bv = bd.view();
+    let mv = md.as_ref().map(|m| m.view());
+    let mask = match (&mv, &sl) {
+        (Some(mask), Some(slot)) => Some(AttnMask { mask, slot }),
+        _ => None,
+    };
+    let ab = AttnBias {
+        bias: &bv,
+        ty: &ty,
+        mask,
+    };
+    let mut sd = dev.upload(&c.s).map_err(e)?;
+    if inplace {
+        bias_mask_softmax_inplace(dev, &mut sd.view_mut(), c.heads, T, &ab).map_err(e)?;
+        sd.download().map_err(e)
+    } else {
+        let mut p = dev.upload(&vec![POISON; c.s.len()]).map_err(e)?;
+        bias_mask_softmax(dev, &sd.view(), &mut p.view_mut(), c.heads, T, &ab).map_err(e)?;
+        let after = sd.download().map_err(e)?;
+        if after
+            .iter()
+            .zip(&c.s)
+            .any(|(a, b)| a.to_bits() != b.to_bits())
+        {
+            return Err("scores modified by the out-of-place softmax".into());
+        }
+        p.download().map_err(e)
+    }
+}
+
+/// The f64 softmax of row `r` of `z` (formed in f32 as the contract says);
+/// `None` where the row is NaN everywhere.
+fn oracle_row(c: &Case, r: usize) -> Option<Vec<f64>> {
+    let tile = r / T;
+    let (w, h, i) = (tile / c.heads, tile % c.heads, r % T);
+    let z: Vec<f64> = (0..T)
+        .map(|j| {
+            let s = c.s[r * T + j].to_f32();
+            let b = c.bias[((c.ty[w] as usize * c.heads + h) * T + i) * T + j].to_f32();
+            let m = c.mask.as_ref().map_or(0.0, |(m, sl, _)| {
+                m[(sl[w] as usize * T + i) * T + j].to_f32()
+            });
+            let z = if c.mask.is_some() { (s + m) + b } else { s + b };
+            z as f64
+        })
+        .collect();
+    let mx = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    if z.iter().any(|v| v.is_nan()) || mx == f64::INFINITY || mx == f64::NEG_INFINITY {
+        return None;
+    }
+    let e: Vec<f64> = z.iter().map(|v| (v - mx).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    Some(e.iter().map(|v| v / sum).collect())
+}
+
+fn check(dev: &Device, c: &Case, inplace: bool) -> Result<f64, String> {
+    let out = run(dev, c, inplace)?;
+    let mut worst = 0.0f64;
+    for r in 0..c.s.len() / T {
+        let want = oracle_row(c, r);
+        for j in 0..T {
+            let got = out[r * T + j];
+            let at = format!("{} (inplace {inplace}) row {r} col {j}", dev.info().name);
+            match &want {
+                None => {
+                    if !got.is_nan() {
+                        return Err(format!("{at}: want NaN, got {got}"));
+                    }
+                }
+                Some(p) => {
+                    if got.to_bits() == POISON.to_bits() {
+                        return Err(format!("{at}: not written"));
+                    }
+                    let e = ulp_err(got, p[j]);
+                    if e > 1.0 {
+                        return Err(format!("{at}: got {got} want {:e} ({e:.3} ulp)", p[j]));
+                    }
+                    worst = worst.max(e);
+                }
+            }
+        }
+    }
+    Ok(worst)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, .. ProptestConfig::default() })]
+
+    #[test]
+    fn matches_f64_oracle(
+        seed in any::<u64>(),
+        windows in 1usize..3,
+        heads in 1usize..3,
+        n_types in 1usize..3,
+        slots in prop_oneof![Just(None), (1usize..3).prop_map(Some)],
+        log_scale in -1.0f64..1.5,
+        special in 0u8..3,
+        inplace in any::<bool>(),
+    ) {
+        let c = make_case(seed, windows, heads, n_types, slots, 10f64.powf(log_scale), special);
+        for dev in devices() {
+            let r = check(&dev, &c, inplace);
+            prop_assert!(r.is_ok(), "{}", r.err().unwrap_or_default());
+        }
+    }
+}
+
+#[test]
+fn pangu_heads_in_place_and_out_of_place() {
+    // 6 heads, 3 windows: 2592 rows = 20.25 workgroups (a partial last one).
+    let c = make_case(21, 3, 6, 2, Some(2), 3.0, 1);
+    for dev in devices() {
+        for inplace in [false, true] {
+            let w = check(&dev, &c, inplace).unwrap_or_else(|e| panic!("{e}"));
+            eprintln!("{} inplace {inplace}: worst {w:.3} ulp", dev.info().name);
+        }
+    }
+}
+
+#[test]
+fn fully_masked_rows_are_nan_like_torch() {
+    // Every score -inf: softmax of an all -inf row is NaN in PyTorch.
+    let mut c = make_case(1, 1, 1, 1, Some(1), 1.0, 0);
+    c.s.fill(f16::NEG_INFINITY);
+    for dev in devices() {
+        let out = run(&dev, &c, false).expect("launch");
+        assert!(out.iter().all(|v| v.is_nan()), "{}", dev.info().name);
+    }
+}
+
+#[test]
+fn backends_agree_bit_for_bit() {
+    let c = make_case(8, 2, 2, 2, Some(1), 2.0, 1);
+    let outs: Vec<_> = devices()
+        .iter()
+        .map(|d| (d.info().name.clone(), run(d, &c, false).expect("launch")))
+        .collect();
+    for (name, o) in &outs[1..] {
+        assert!(
+            o.iter()
+                .zip(&outs[0].1)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name} differs from {}",
+            outs[0].0
+        );
+    }
+}
+
+// ---- one test per bad input: each is rejected before any launch ----
+
+fn cpu() -> Device {
+    Device::open(Choice::Cpu(Wave::W64)).expect("cpu backend")
+}
+
+#[test]
+fn rejects_tokens_other_than_144() {
+    let d = cpu();
+    let s = d.upload(&vec![f16::ONE; 64]).expect("upload");
+    let b = d.upload(&vec![f16::ONE; 64]).expect("upload");
+    let mut p = d.alloc::<f16>(64).expect("alloc");
+    let t = WindowTable::new(&d, &[0], 1).expect("table");
+    let bv = b.view();
+    let ab = AttnBias {
+        bias: &bv,
+        ty: &t,
+        mask: None,
+    };
+    let e = bias_mask_softmax(&d, &s.view(), &mut p.view_mut(), 1, 8, &ab);
+    assert!(
+        matches!(e, Err(Error::UnsupportedWidth { width: 8, .. })),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn rejects_zero_heads() {
+    let d = cpu();
+    let mut s = d.upload(&vec![f16::ONE; TT]).expect("upload");
+    let b = d.upload(&vec![f16::ONE; TT]).expect("upload");
+    let t = WindowTable::new(&d, &[0], 1).expect("table");
+    let bv = b.view();
+    let ab = AttnBias {
+        bias: &bv,
+        ty: &t,
+        mask: None,
+    };
+    let e = bias_mask_softmax_inplace(&d, &mut s.view_mut(), 0, T, &ab);
+    assert!(
+        matches!(e, Err(Error::BadParameter { what: "heads", .. })),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn rejects_output_length_mismatch() {
+    let d = cpu();
+    let s = d.upload(&vec![f16::ONE; TT]).expect("upload");
+    let b = d.upload(&vec![f16::ONE; TT]).expect("upload");
+    let mut p = d.alloc::<f16>(TT - 8).expect("alloc");
+    let t = WindowTable::new(&d, &[0], 1).expect("table");
+    let bv = b.view();
+    let ab = AttnBias {
+        bias: &bv,
+        ty: &t,
+        mask: None,
+    };
+    let e = bias_mask_softmax(&d, &s.view(), &mut p.view_mut(), 1, T, &ab);
+    assert!(
+        matches!(e, Err(Error::LengthMismatch { what: "probs", .. })),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn rejects_mask_of_the_wrong_length() {
+    let d = cpu();
+    let s = d.upload(&vec![f16::ONE; TT]).expect("upload");
+    let b = d.upload(&vec![f16::ONE; TT]).expect("upload");
+    let m = d.upload(&vec![f16::ZERO; TT]).expect("upload");
+    let mut p = d.alloc::<f16>(TT).expect("alloc");
+    let t = WindowTable::new(&d, &[0], 1).expect("table");
+    let sl = WindowTable::new(&d, &[0], 2).expect("table");
+    let (bv, mv) = (b.view(), m.view());
+    let ab = AttnBias {
+        bias: &bv,
+        ty: &t,
+        mask: Some(AttnMask {
+            mask: &mv,
+            slot: &sl,
+        }),
+    };
+    let e = bias_mask_softmax(&d, &s.view(), &mut p.view_mut(), 1, T, &ab);
+    assert!(
+        matches!(e, Err(Error::LengthMismatch { what: "mask", .. })),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn rejects_misaligned_output() {
+    let d = cpu();
+    let s = d.upload(&vec![f16::ONE; TT]).expect("upload");
+    let b = d.upload(&vec![f16::ONE; TT]).expect("upload");
+    let mut p = d.alloc::<f16>(TT + 4).expect("alloc");
+    let t = WindowTable::new(&d, &[0], 1).expect("table");
+    let bv = b.view();
+    let ab = AttnBias {
+        bias: &bv,
+        ty: &t,
+        mask: None,
+    };
+    let mut pv = p.slice_mut(4..TT + 4).expect("slice");
+    let e = bias_mask_softmax(&d, &s.view(), &mut pv, 1, T, &ab);
+    assert!(
+        matches!(e, Err(Error::Misaligned { what: "probs", .. })),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn rejects_buffers_of_another_device() {
+    let d = cpu();
+    let other = Device::open(Choice::Cpu(Wave::W32)).expect("cpu backend");
+    let s = d.upload(&vec![f16::ONE; TT]).expect("upload");
+    let b = other.upload(&vec![f16::ONE; TT]).expect("upload");
+    let mut p = d.alloc::<f16>(TT).expect("alloc");
+    let t = WindowTable::new(&d, &[0], 1).expect("table");
+    let bv = b.view();
+    let ab = AttnBias {
+        bias: &bv,
+        ty: &t,
+        mask: None,
+    };
+    let e = bias_mask_softmax(&d, &s.view(), &mut p.view_mut(), 1, T, &ab);
+    assert!(
+        matches!(e, Err(Error::WrongDevice { what: "bias", .. })),
+        "{e:?}"
+    );
+}
