@@ -242,6 +242,7 @@ fn vector_and_scalar_paths_agree_bit_for_bit() {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn make_case(
     seed: u64,
     rows: usize,

@@ -268,8 +268,8 @@ fn cpu() -> Device {
 #[test]
 fn rejects_tokens_other_than_144() {
     let d = cpu();
-    let s = d.upload(&vec![f16::ONE; 64]).expect("upload");
-    let b = d.upload(&vec![f16::ONE; 64]).expect("upload");
+    let s = d.upload(&[f16::ONE; 64]).expect("upload");
+    let b = d.upload(&[f16::ONE; 64]).expect("upload");
     let mut p = d.alloc::<f16>(64).expect("alloc");
     let t = WindowTable::new(&d, &[0], 1).expect("table");
     let bv = b.view();

@@ -19,6 +19,7 @@ struct Case {
     bias: Option<Vec<f16>>,
 }
 
+#[allow(clippy::needless_range_loop)] // indices mirror the tensor layout
 fn run(dev: &Device, c: &Case) -> Result<(), String> {
     let s = |e: Error| e.to_string();
     let (h, t) = (c.p.heads, c.p.tokens_per_window);

@@ -84,7 +84,7 @@ impl Instance for QkvSet {
                     }
                     let want = src(0).to_f64() * self.p.scale as f64;
                     let err = ulp_err(q[o], want);
-                    if !(err <= 0.5 + 1e-9) {
+                    if err > 0.5 + 1e-9 {
                         return Err(format!("token {tok} head {head} dim {d}: q {} want {want}", q[o]));
                     }
                     worst = worst.max(err);
@@ -190,7 +190,7 @@ impl Instance for BiasMaskSet {
             for (j, wv) in want.iter().enumerate() {
                 let g = got[row * T + j];
                 let err = ulp_err(g, *wv);
-                if !(err <= 1.0) {
+                if err > 1.0 {
                     return Err(format!("row {row} col {j}: got {g} want {wv} ({err:.2} ulp)"));
                 }
                 worst = worst.max(err);

@@ -136,7 +136,7 @@ impl Instance for GatherSet {
             let want = oracle::layer_norm_row(s, None, None, 1e-5);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 let e = ulp_err(*g, *w);
-                if !(e <= 2.0) {
+                if e > 2.0 {
                     return Err(format!("token {t} col {i}: got {g} want {w} ({e:.2} ulp)"));
                 }
                 worst = worst.max(e);

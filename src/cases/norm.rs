@@ -76,7 +76,7 @@ impl Instance for LayerNormSet {
             let want = oracle::layer_norm_row(xr, g, b, 1e-5);
             for (i, (got, w)) in yr.iter().zip(&want).enumerate() {
                 let e = ulp_err(*got, *w);
-                if !(e <= 2.0) {
+                if e > 2.0 {
                     return Err(format!("row {r} col {i}: got {got} want {w} ({e:.2} ulp)"));
                 }
                 worst = worst.max(e);
@@ -158,7 +158,7 @@ impl Instance for AddLayerNormSet {
             let want = oracle::layer_norm_row(&sum, None, None, 1e-5);
             for (i, (got, wv)) in y[r * w..(r + 1) * w].iter().zip(&want).enumerate() {
                 let e = ulp_err(*got, *wv);
-                if !(e <= 2.0) {
+                if e > 2.0 {
                     return Err(format!("row {r} col {i}: got {got} want {wv} ({e:.2} ulp)"));
                 }
                 worst = worst.max(e);

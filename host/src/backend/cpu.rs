@@ -79,7 +79,7 @@ macro_rules! from_arg_scalar {
         }
     )*};
 }
-from_arg_scalar!(u64 => U64, u32 => U32, i32 => I32, f32 => F32);
+from_arg_scalar!(u64 => U64, u32 => U32, f32 => F32);
 
 /// Kernel arguments captured by every emulated thread.
 struct Shared<T>(T);

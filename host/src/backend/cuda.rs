@@ -176,7 +176,6 @@ impl Backend for Cuda {
             .map(|a| match a {
                 Arg::Ptr(p) | Arg::U64(p) => (p as *mut u64).cast(),
                 Arg::U32(v) => (v as *mut u32).cast(),
-                Arg::I32(v) => (v as *mut i32).cast(),
                 Arg::F32(v) => (v as *mut f32).cast(),
             })
             .collect();

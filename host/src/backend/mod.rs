@@ -16,8 +16,6 @@ pub enum Arg {
     U64(u64),
     /// 32-bit integer.
     U32(u32),
-    /// 32-bit signed integer.
-    I32(i32),
     /// 32-bit float.
     F32(f32),
 }

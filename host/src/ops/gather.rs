@@ -181,7 +181,7 @@ pub fn gather(
     width: usize,
 ) -> Result<()> {
     let c = Check { dev, op: "gather" };
-    if width == 0 || width % VEC_HALVES != 0 {
+    if width == 0 || !width.is_multiple_of(VEC_HALVES) {
         return Err(Error::BadParameter {
             op: c.op,
             what: "width",

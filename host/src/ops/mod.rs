@@ -76,7 +76,7 @@ impl Check<'_> {
     }
 
     pub fn aligned(&self, s: &Span, what: &'static str) -> Result<()> {
-        if s.ptr % VEC_ALIGN == 0 {
+        if s.ptr.is_multiple_of(VEC_ALIGN) {
             Ok(())
         } else {
             Err(Error::Misaligned {
@@ -106,7 +106,7 @@ impl Check<'_> {
         if s.len == 0 {
             return Err(Error::Empty { op: self.op, what });
         }
-        if s.len % width != 0 {
+        if !s.len.is_multiple_of(width) {
             return Err(Error::RaggedRows {
                 op: self.op,
                 what,
