@@ -13,37 +13,58 @@ fn checks(c: &mut Criterion) {
     // eps is checked last: a NaN eps runs every other check, then rejects
     // before the launch.
     c.bench_function("layer_norm argument checks (rejected before launch)", |b| {
-        b.iter(|| black_box(layer_norm(&dev, &x.view(), &mut y.view_mut(), 192, None, f32::NAN).is_err()))
+        b.iter(|| {
+            black_box(layer_norm(&dev, &x.view(), &mut y.view_mut(), 192, None, f32::NAN).is_err())
+        })
     });
 }
 
 fn plans(c: &mut Criterion) {
-    let grid = Grid3 { z: 8, h: 91, w: 180 };
+    let grid = Grid3 {
+        z: 8,
+        h: 91,
+        w: 180,
+    };
     let window = Window3 { z: 2, h: 6, w: 12 };
     let shift = Shift3 { z: 1, h: 3, w: 6 };
-    c.bench_function("WindowPlan::new + partition_table (8x91x180, shifted)", |b| {
-        b.iter(|| {
-            let p = WindowPlan::new(black_box(grid), window, shift).expect("plan");
-            black_box(p.partition_table())
-        })
-    });
-    let table = WindowPlan::new(grid, window, shift).expect("plan").partition_table();
+    c.bench_function(
+        "WindowPlan::new + partition_table (8x91x180, shifted)",
+        |b| {
+            b.iter(|| {
+                let p = WindowPlan::new(black_box(grid), window, shift).expect("plan");
+                black_box(p.partition_table())
+            })
+        },
+    );
+    let table = WindowPlan::new(grid, window, shift)
+        .expect("plan")
+        .partition_table();
     let dev = Device::open(Choice::Cpu(Wave::W64)).expect("cpu");
-    c.bench_function("GatherPlan::new (validate + upload 138240 entries, CPU backend)", |b| {
-        b.iter(|| black_box(GatherPlan::new(&dev, &table, 131_040).expect("plan").len()))
-    });
+    c.bench_function(
+        "GatherPlan::new (validate + upload 138240 entries, CPU backend)",
+        |b| b.iter(|| black_box(GatherPlan::new(&dev, &table, 131_040).expect("plan").len())),
+    );
 }
 
 fn launch_overhead(c: &mut Criterion) {
     // On a GPU this is the CPU cost of checks + enqueue (the device runs
     // asynchronously); on the emulator it is a whole emulated launch.
     let dev = Device::open(Choice::Auto).expect("a backend");
-    let what = if dev.info().backend == BackendKind::Cpu { "emulated launch" } else { "enqueue" };
+    let what = if dev.info().backend == BackendKind::Cpu {
+        "emulated launch"
+    } else {
+        "enqueue"
+    };
     let x = dev.upload(&vec![f16::ONE; 192 * 32]).expect("upload");
     let mut y = dev.alloc::<f16>(192 * 32).expect("alloc");
-    c.bench_function(&format!("layer_norm 32x192 {what} ({})", dev.info().name), |b| {
-        b.iter(|| layer_norm(&dev, &x.view(), &mut y.view_mut(), 192, None, 1e-5).expect("launch"))
-    });
+    c.bench_function(
+        &format!("layer_norm 32x192 {what} ({})", dev.info().name),
+        |b| {
+            b.iter(|| {
+                layer_norm(&dev, &x.view(), &mut y.view_mut(), 192, None, 1e-5).expect("launch")
+            })
+        },
+    );
     let _ = dev.synchronize();
 }
 

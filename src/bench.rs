@@ -30,7 +30,9 @@ pub struct Record {
 }
 
 fn used(dev: &Device) -> usize {
-    dev.mem_info().map(|(f, t)| t.saturating_sub(f)).unwrap_or(0)
+    dev.mem_info()
+        .map(|(f, t)| t.saturating_sub(f))
+        .unwrap_or(0)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -102,7 +104,10 @@ pub fn run_case(dev: &Device, case: &dyn Case, reps: usize) -> Result<Record, St
     let mut src: Vec<DeviceBuffer<f16>> = Vec::new();
     let mut dst: Vec<DeviceBuffer<f16>> = Vec::new();
     for _ in 0..sets {
-        src.push(dev.upload(&vec![f16::from_f32(1.5); half_elems]).map_err(e)?);
+        src.push(
+            dev.upload(&vec![f16::from_f32(1.5); half_elems])
+                .map_err(e)?,
+        );
         dst.push(dev.alloc::<f16>(half_elems).map_err(e)?);
     }
     for i in 0..10.min(reps.max(1)) {

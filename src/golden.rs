@@ -37,7 +37,8 @@ pub fn write_npy(path: &Path, t: &Tensor) -> Result<(), String> {
         .writer(&mut buf)
         .begin_nd()
         .map_err(|e| e.to_string())?;
-    w.extend(t.data.iter().copied()).map_err(|e| e.to_string())?;
+    w.extend(t.data.iter().copied())
+        .map_err(|e| e.to_string())?;
     w.finish().map_err(|e| e.to_string())?;
     std::fs::write(path, buf).map_err(|e| format!("{}: {e}", path.display()))
 }
@@ -65,7 +66,11 @@ pub fn run(mut args: impl Iterator<Item = String>) -> Result<(), String> {
     }
     let dev = Device::open(backend).map_err(|e| e.to_string())?;
     let load = |name: &str| -> Result<Tensor, String> {
-        read_npy(inputs.get(name).ok_or(format!("{kernel} needs --in {name}=PATH"))?)
+        read_npy(
+            inputs
+                .get(name)
+                .ok_or(format!("{kernel} needs --in {name}=PATH"))?,
+        )
     };
     std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
     let e = |e: wavefuse::Error| e.to_string();
@@ -77,19 +82,42 @@ pub fn run(mut args: impl Iterator<Item = String>) -> Result<(), String> {
             let mut y = dev.alloc::<f16>(x.data.len()).map_err(e)?;
             if inputs.contains_key("gamma") {
                 let (g, b) = (load("gamma")?, load("beta")?);
-                let (gd, bd) = (dev.upload(&g.data).map_err(e)?, dev.upload(&b.data).map_err(e)?);
+                let (gd, bd) = (
+                    dev.upload(&g.data).map_err(e)?,
+                    dev.upload(&b.data).map_err(e)?,
+                );
                 let (gv, bv) = (gd.view(), bd.view());
-                layer_norm(&dev, &xd.view(), &mut y.view_mut(), width, Some(Affine { gamma: &gv, beta: &bv }), eps)
-                    .map_err(e)?;
+                layer_norm(
+                    &dev,
+                    &xd.view(),
+                    &mut y.view_mut(),
+                    width,
+                    Some(Affine {
+                        gamma: &gv,
+                        beta: &bv,
+                    }),
+                    eps,
+                )
+                .map_err(e)?;
             } else {
                 layer_norm(&dev, &xd.view(), &mut y.view_mut(), width, None, eps).map_err(e)?;
             }
             let data = y.download().map_err(e)?;
-            write_npy(&out_dir.join("y.npy"), &Tensor { shape: x.shape, data })?;
+            write_npy(
+                &out_dir.join("y.npy"),
+                &Tensor {
+                    shape: x.shape,
+                    data,
+                },
+            )?;
         }
         other => return Err(format!("check: unknown kernel {other}")),
     }
-    eprintln!("check {kernel} on {}: outputs in {}", dev.info().name, out_dir.display());
+    eprintln!(
+        "check {kernel} on {}: outputs in {}",
+        dev.info().name,
+        out_dir.display()
+    );
     Ok(())
 }
 
@@ -101,13 +129,20 @@ mod tests {
     fn npy_round_trip_keeps_shape_and_bits() {
         let t = Tensor {
             shape: vec![2, 3],
-            data: [1.5, -0.0, 65504.0, f32::NAN, 1e-7, -3.25].map(f16::from_f32).to_vec(),
+            data: [1.5, -0.0, 65504.0, f32::NAN, 1e-7, -3.25]
+                .map(f16::from_f32)
+                .to_vec(),
         };
         let p = std::env::temp_dir().join(format!("wavefuse-npy-{}.npy", std::process::id()));
         write_npy(&p, &t).expect("write");
         let r = read_npy(&p).expect("read");
         let _ = std::fs::remove_file(&p);
         assert_eq!(r.shape, t.shape);
-        assert!(r.data.iter().zip(&t.data).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(
+            r.data
+                .iter()
+                .zip(&t.data)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
     }
 }

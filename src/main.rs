@@ -65,7 +65,9 @@ fn main() -> ExitCode {
     let args = match parse() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("{e}\nusage: wavefuse-suite [--backend auto|cuda|hip|cpu|cpu32] [--out DIR] [--reps N] [--only S] [--quick]");
+            eprintln!(
+                "{e}\nusage: wavefuse-suite [--backend auto|cuda|hip|cpu|cpu32] [--out DIR] [--reps N] [--only S] [--quick]"
+            );
             return ExitCode::from(2);
         }
     };
@@ -85,13 +87,23 @@ fn main() -> ExitCode {
     let all = cases::all(gpu && !args.quick);
     let selected: Vec<_> = all
         .into_iter()
-        .filter(|c| args.only.as_ref().is_none_or(|o| c.name().contains(o.as_str())))
+        .filter(|c| {
+            args.only
+                .as_ref()
+                .is_none_or(|o| c.name().contains(o.as_str()))
+        })
         .collect();
     let reps = if gpu { args.reps } else { args.reps.min(10) };
     let mut records = Vec::new();
     let mut failed = 0;
     for (i, case) in selected.iter().enumerate() {
-        eprint!("\r[{}/{}] {} {}          ", i + 1, selected.len(), case.name(), case.shape());
+        eprint!(
+            "\r[{}/{}] {} {}          ",
+            i + 1,
+            selected.len(),
+            case.name(),
+            case.shape()
+        );
         match bench::run_case(&dev, case.as_ref(), reps) {
             Ok(r) => {
                 if !r.correct {

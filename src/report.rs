@@ -44,7 +44,8 @@ pub fn write_all(dir: &Path, info: &DeviceInfo, recs: &[Record]) -> std::io::Res
     };
     let mut jl = String::new();
     for r in recs {
-        let line = serde_json::to_string(&Line { env: &env, rec: r }).map_err(std::io::Error::other)?;
+        let line =
+            serde_json::to_string(&Line { env: &env, rec: r }).map_err(std::io::Error::other)?;
         jl.push_str(&line);
         jl.push('\n');
     }
@@ -57,7 +58,15 @@ pub fn print_table(info: &DeviceInfo, recs: &[Record]) {
     println!("# {} ({}, {})", info.name, info.code_object, info.driver);
     println!(
         "| {:<22} | {:<16} | {:>9} | {:>9} | {:>8} | {:>9} | {:>7} | {:>8} | {:>7} |",
-        "kernel", "shape", "median us", "p10-p90", "GB/s", "copy us", "% copy", "cold us", "max ulp"
+        "kernel",
+        "shape",
+        "median us",
+        "p10-p90",
+        "GB/s",
+        "copy us",
+        "% copy",
+        "cold us",
+        "max ulp"
     );
     println!("|{}|", ["-"; 9].map(|_| "----------").join("|"));
     for r in recs {
@@ -81,7 +90,11 @@ pub fn print_table(info: &DeviceInfo, recs: &[Record]) {
 fn svg(info: &DeviceInfo, recs: &[Record]) -> String {
     let (w, row, left) = (900.0, 26.0, 300.0);
     let h = 60.0 + row * recs.len() as f64;
-    let max = recs.iter().map(|r| r.gbps.max(r.copy_gbps)).fold(1.0, f64::max) * 1.05;
+    let max = recs
+        .iter()
+        .map(|r| r.gbps.max(r.copy_gbps))
+        .fold(1.0, f64::max)
+        * 1.05;
     let x = |g: f64| left + (w - left - 20.0) * g / max;
     let mut s = String::new();
     let _ = writeln!(
@@ -95,14 +108,25 @@ fn svg(info: &DeviceInfo, recs: &[Record]) -> String {
     );
     for (i, r) in recs.iter().enumerate() {
         let y = 40.0 + row * i as f64;
-        let _ = writeln!(s, r#"<text x="10" y="{}">{} {}</text>"#, y + 14.0, r.variant, r.shape);
+        let _ = writeln!(
+            s,
+            r#"<text x="10" y="{}">{} {}</text>"#,
+            y + 14.0,
+            r.variant,
+            r.shape
+        );
         let _ = writeln!(
             s,
             r##"<rect x="{left}" y="{y}" width="{:.1}" height="18" fill="#4a7fb5"/>"##,
             x(r.gbps) - left
         );
         let cx = x(r.copy_gbps);
-        let _ = writeln!(s, r#"<line x1="{cx:.1}" x2="{cx:.1}" y1="{}" y2="{}" stroke="black" stroke-width="3"/>"#, y - 2.0, y + 20.0);
+        let _ = writeln!(
+            s,
+            r#"<line x1="{cx:.1}" x2="{cx:.1}" y1="{}" y2="{}" stroke="black" stroke-width="3"/>"#,
+            y - 2.0,
+            y + 20.0
+        );
         let _ = writeln!(
             s,
             r#"<text x="{:.1}" y="{}" fill="white">{:.0} GB/s ({:.0}% of copy)</text>"#,

@@ -15,13 +15,24 @@ fn llvm_tool(name: &str) -> PathBuf {
         .output()
         .expect("rustc --print sysroot");
     let sysroot = String::from_utf8_lossy(&sysroot.stdout).trim().to_string();
-    let host = Command::new("rustc").args(["-vV"]).output().expect("rustc -vV");
+    let host = Command::new("rustc")
+        .args(["-vV"])
+        .output()
+        .expect("rustc -vV");
     let host = String::from_utf8_lossy(&host.stdout)
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
         .expect("host triple");
-    let p = PathBuf::from(sysroot).join("lib/rustlib").join(host).join("bin").join(name);
-    assert!(p.exists(), "{} missing: install the llvm-tools component", p.display());
+    let p = PathBuf::from(sysroot)
+        .join("lib/rustlib")
+        .join(host)
+        .join("bin")
+        .join(name);
+    assert!(
+        p.exists(),
+        "{} missing: install the llvm-tools component",
+        p.display()
+    );
     p
 }
 
@@ -40,7 +51,12 @@ fn kernels_meta(notes: &str) -> BTreeMap<String, Meta> {
     let mut out = BTreeMap::new();
     let mut cur: Option<(String, Meta)> = None;
     let mut pending = Meta::default();
-    let num = |l: &str| l.rsplit(':').next().and_then(|v| v.trim().parse::<u32>().ok()).unwrap_or(u32::MAX);
+    let num = |l: &str| {
+        l.rsplit(':')
+            .next()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .unwrap_or(u32::MAX)
+    };
     for line in notes.lines() {
         let l = line.trim().trim_start_matches("- ");
         if l.starts_with(".args:") {
@@ -82,11 +98,18 @@ fn kernels_meta(notes: &str) -> BTreeMap<String, Meta> {
 fn widest_loads(asm: &str) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let mut cur = String::new();
-    let rank = |s: &str| ["dwordx4", "dwordx3", "dwordx2", "dword", "ushort", "ubyte"].iter().position(|w| s.ends_with(w));
+    let rank = |s: &str| {
+        ["dwordx4", "dwordx3", "dwordx2", "dword", "ushort", "ubyte"]
+            .iter()
+            .position(|w| s.ends_with(w))
+    };
     for line in asm.lines() {
         if let Some(n) = line.strip_suffix(">:").and_then(|l| l.split('<').nth(1)) {
             cur = n.to_string();
-        } else if let Some(op) = line.split_whitespace().find(|w| w.starts_with("global_load_")) {
+        } else if let Some(op) = line
+            .split_whitespace()
+            .find(|w| w.starts_with("global_load_"))
+        {
             let e = out.entry(cur.clone()).or_insert_with(|| op.to_string());
             if rank(op) < rank(e) {
                 *e = op.to_string();
@@ -106,7 +129,11 @@ fn amd_code_objects_are_wave64_without_scratch_or_spills() {
     for (arch, elf) in AMD {
         let path = dir.join(format!("{arch}.elf"));
         std::fs::write(&path, elf).expect("write elf");
-        let notes = Command::new(&readobj).arg("--notes").arg(&path).output().expect("llvm-readobj");
+        let notes = Command::new(&readobj)
+            .arg("--notes")
+            .arg(&path)
+            .output()
+            .expect("llvm-readobj");
         let notes = String::from_utf8_lossy(&notes.stdout);
         let meta = kernels_meta(&notes);
         let asm = Command::new(&objdump)
@@ -116,7 +143,9 @@ fn amd_code_objects_are_wave64_without_scratch_or_spills() {
             .expect("llvm-objdump");
         let loads = widest_loads(&String::from_utf8_lossy(&asm.stdout));
         for k in KERNELS {
-            let m = meta.get(*k).unwrap_or_else(|| panic!("{arch}: kernel {k} missing from the code object"));
+            let m = meta
+                .get(*k)
+                .unwrap_or_else(|| panic!("{arch}: kernel {k} missing from the code object"));
             println!(
                 "{arch} {k:<32} vgpr {:>3} sgpr {:>3} wave{} private {} spills v{}/s{} widest load {}",
                 m.vgpr,
@@ -129,7 +158,11 @@ fn amd_code_objects_are_wave64_without_scratch_or_spills() {
             );
             assert_eq!(m.wave, 64, "{arch} {k}: wavefront size");
             assert_eq!(m.private, 0, "{arch} {k}: private segment (scratch) in use");
-            assert_eq!((m.vgpr_spill, m.sgpr_spill), (0, 0), "{arch} {k}: register spills");
+            assert_eq!(
+                (m.vgpr_spill, m.sgpr_spill),
+                (0, 0),
+                "{arch} {k}: register spills"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -368,8 +368,8 @@ fn rejects_slot_table_of_the_wrong_length() {
 #[test]
 fn rejects_misaligned_scores() {
     let d = cpu();
-    let mut s = d.upload(&vec![f16::ONE; 65]).expect("upload");
-    let b = d.upload(&vec![f16::ONE; 64]).expect("upload");
+    let mut s = d.upload(&[f16::ONE; 65]).expect("upload");
+    let b = d.upload(&[f16::ONE; 64]).expect("upload");
     let t = WindowTable::new(&d, &[0], 1).expect("table");
     let bv = b.view();
     let mut sv = s.slice_mut(1..65).expect("slice");
@@ -394,8 +394,8 @@ fn rejects_misaligned_scores() {
 fn rejects_buffers_of_another_device() {
     let d = cpu();
     let other = Device::open(Choice::Cpu(Wave::W32)).expect("cpu backend");
-    let mut s = d.upload(&vec![f16::ONE; 64]).expect("upload");
-    let b = d.upload(&vec![f16::ONE; 64]).expect("upload");
+    let mut s = d.upload(&[f16::ONE; 64]).expect("upload");
+    let b = d.upload(&[f16::ONE; 64]).expect("upload");
     let t = WindowTable::new(&other, &[0], 1).expect("table");
     let bv = b.view();
     let e = bias_mask_add(

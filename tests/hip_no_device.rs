@@ -7,7 +7,11 @@ use wavefuse::{BackendKind, Choice, Device, Error};
 #[test]
 fn asking_for_hip_without_an_amd_gpu_is_a_clear_error() {
     match Device::open(Choice::Hip(0)) {
-        Ok(d) => assert_eq!(d.info().backend, BackendKind::Hip, "a real AMD GPU is present"),
+        Ok(d) => assert_eq!(
+            d.info().backend,
+            BackendKind::Hip,
+            "a real AMD GPU is present"
+        ),
         Err(Error::BackendUnavailable { backend, reason }) => {
             assert_eq!(backend, BackendKind::Hip);
             eprintln!("hip: {reason}");
@@ -17,7 +21,10 @@ fn asking_for_hip_without_an_amd_gpu_is_a_clear_error() {
                     "libamdhip64 must load and report no device: {reason}"
                 );
             } else {
-                assert!(reason.contains("no device") || reason.contains("not found"), "{reason}");
+                assert!(
+                    reason.contains("no device") || reason.contains("not found"),
+                    "{reason}"
+                );
             }
         }
         Err(e) => panic!("unexpected error kind: {e}"),
@@ -35,7 +42,10 @@ fn auto_falls_back_to_a_working_backend() {
 #[test]
 fn choice_strings_parse() {
     assert_eq!(Choice::parse("hip:1"), Some(Choice::Hip(1)));
-    assert_eq!(Choice::parse("cpu32"), Some(Choice::Cpu(wavefuse::Wave::W32)));
+    assert_eq!(
+        Choice::parse("cpu32"),
+        Some(Choice::Cpu(wavefuse::Wave::W32))
+    );
     assert_eq!(Choice::parse("auto"), Some(Choice::Auto));
     assert_eq!(Choice::parse("tpu"), None);
 }

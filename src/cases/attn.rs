@@ -3,8 +3,8 @@
 //! padded 8x96x180); window (2,6,12) = 144 tokens, head dim 32.
 use super::{Case, Instance, Rng, sampled_rows, ulp_err};
 use wavefuse::{
-    AttnBias, AttnMask, Device, DeviceBuffer, QkvSplit as Params, WindowTable, bias_mask_add, bias_mask_softmax, f16,
-    qkv_split,
+    AttnBias, AttnMask, Device, DeviceBuffer, QkvSplit as Params, WindowTable, bias_mask_add,
+    bias_mask_softmax, f16, qkv_split,
 };
 use wavefuse_suite::oracle;
 
@@ -68,7 +68,11 @@ impl Instance for QkvSet {
     }
     fn check(&mut self, _dev: &Device) -> Result<f64, String> {
         let e = |e: wavefuse::Error| e.to_string();
-        let (q, k, v) = (self.q.download().map_err(e)?, self.k.download().map_err(e)?, self.v.download().map_err(e)?);
+        let (q, k, v) = (
+            self.q.download().map_err(e)?,
+            self.k.download().map_err(e)?,
+            self.v.download().map_err(e)?,
+        );
         let h = self.p.heads;
         let c = h * HD;
         let tokens = self.x_host.len() / (3 * c);
@@ -80,12 +84,17 @@ impl Instance for QkvSet {
                     let o = ((w * h + head) * T + t) * HD + d;
                     let src = |part: usize| self.x_host[tok * 3 * c + part * c + head * HD + d];
                     if k[o].to_bits() != src(1).to_bits() || v[o].to_bits() != src(2).to_bits() {
-                        return Err(format!("token {tok} head {head} dim {d}: k/v not a bit copy"));
+                        return Err(format!(
+                            "token {tok} head {head} dim {d}: k/v not a bit copy"
+                        ));
                     }
                     let want = src(0).to_f64() * self.p.scale as f64;
                     let err = ulp_err(q[o], want);
                     if err > 0.5 + 1e-9 {
-                        return Err(format!("token {tok} head {head} dim {d}: q {} want {want}", q[o]));
+                        return Err(format!(
+                            "token {tok} head {head} dim {d}: q {} want {want}",
+                            q[o]
+                        ));
                     }
                     worst = worst.max(err);
                 }
@@ -119,14 +128,20 @@ struct BiasMaskSet {
 
 impl Case for BiasMask {
     fn name(&self) -> String {
-        if self.softmax { "bias_mask_softmax".into() } else { "bias_mask_add".into() }
+        if self.softmax {
+            "bias_mask_softmax".into()
+        } else {
+            "bias_mask_add".into()
+        }
     }
     fn shape(&self) -> String {
         format!("{}x{}", self.windows, self.heads)
     }
     fn bytes(&self) -> usize {
         let tile = T * T;
-        4 * self.windows * self.heads * tile + 2 * types(self.windows) * self.heads * tile + 2 * SLOTS * tile
+        4 * self.windows * self.heads * tile
+            + 2 * types(self.windows) * self.heads * tile
+            + 2 * SLOTS * tile
     }
     fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
         let mut rng = Rng(seed);
@@ -134,8 +149,15 @@ impl Case for BiasMask {
         let n_types = types(w);
         let s_host = rng.halves(w * h * tile, 4.0, 0.0);
         let bias_host = rng.halves(n_types * h * tile, 2.0, 0.0);
-        let mask_host: Vec<f16> =
-            (0..SLOTS * tile).map(|_| if rng.next() < 0.3 { f16::from_f32(-100.0) } else { f16::ZERO }).collect();
+        let mask_host: Vec<f16> = (0..SLOTS * tile)
+            .map(|_| {
+                if rng.next() < 0.3 {
+                    f16::from_f32(-100.0)
+                } else {
+                    f16::ZERO
+                }
+            })
+            .collect();
         let ty_host: Vec<i32> = (0..w).map(|i| (i % n_types) as i32).collect();
         let slot_host: Vec<i32> = (0..w).map(|i| (i * 7 % SLOTS) as i32).collect();
         Ok(Box::new(BiasMaskSet {
@@ -159,9 +181,23 @@ impl Case for BiasMask {
 impl Instance for BiasMaskSet {
     fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
         let (bias, mask) = (self.bias.view(), self.mask.view());
-        let ab = AttnBias { bias: &bias, ty: &self.ty, mask: Some(AttnMask { mask: &mask, slot: &self.slot }) };
+        let ab = AttnBias {
+            bias: &bias,
+            ty: &self.ty,
+            mask: Some(AttnMask {
+                mask: &mask,
+                slot: &self.slot,
+            }),
+        };
         if self.softmax {
-            bias_mask_softmax(dev, &self.s.view(), &mut self.out.view_mut(), self.heads, T, &ab)
+            bias_mask_softmax(
+                dev,
+                &self.s.view(),
+                &mut self.out.view_mut(),
+                self.heads,
+                T,
+                &ab,
+            )
         } else {
             bias_mask_add(dev, &mut self.s.view_mut(), self.heads, T, &ab)
         }
@@ -173,7 +209,12 @@ impl Instance for BiasMaskSet {
             self.s.copy_from_host(&self.s_host).map_err(e)?;
             self.launch(dev).map_err(e)?;
         }
-        let got = if self.softmax { self.out.download() } else { self.s.download() }.map_err(e)?;
+        let got = if self.softmax {
+            self.out.download()
+        } else {
+            self.s.download()
+        }
+        .map_err(e)?;
         let (h, tile) = (self.heads, T * T);
         let mut worst = 0.0f64;
         for row in sampled_rows(self.s_host.len() / T) {
@@ -186,12 +227,18 @@ impl Instance for BiasMaskSet {
                         + self.mask_host[slot * tile + i * T + j].to_f64()
                 })
                 .collect();
-            let want = if self.softmax { oracle::softmax_row(&sum) } else { sum };
+            let want = if self.softmax {
+                oracle::softmax_row(&sum)
+            } else {
+                sum
+            };
             for (j, wv) in want.iter().enumerate() {
                 let g = got[row * T + j];
                 let err = ulp_err(g, *wv);
                 if err > 1.0 {
-                    return Err(format!("row {row} col {j}: got {g} want {wv} ({err:.2} ulp)"));
+                    return Err(format!(
+                        "row {row} col {j}: got {g} want {wv} ({err:.2} ulp)"
+                    ));
                 }
                 worst = worst.max(err);
             }

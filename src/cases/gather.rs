@@ -1,7 +1,9 @@
 //! Window partition (pad + roll + partition) as an index gather, plain and
 //! fused with LayerNorm, on Pangu's grids with window (2,6,12), shift (1,3,6).
 use super::{Case, Instance, Rng, sampled_rows, ulp_err};
-use wavefuse::{Device, DeviceBuffer, GatherPlan, add_layer_norm_gather, f16, gather, layer_norm_gather};
+use wavefuse::{
+    Device, DeviceBuffer, GatherPlan, add_layer_norm_gather, f16, gather, layer_norm_gather,
+};
 use wavefuse_shared::window::{Grid3, Shift3, Window3, WindowPlan};
 use wavefuse_suite::oracle;
 
@@ -24,7 +26,11 @@ pub struct Gather {
 
 fn plan(grid: [usize; 3]) -> Result<WindowPlan, String> {
     WindowPlan::new(
-        Grid3 { z: grid[0], h: grid[1], w: grid[2] },
+        Grid3 {
+            z: grid[0],
+            h: grid[1],
+            w: grid[2],
+        },
         Window3 { z: 2, h: 6, w: 12 },
         Shift3 { z: 1, h: 3, w: 6 },
     )
@@ -52,13 +58,20 @@ impl Case for Gather {
         }
     }
     fn shape(&self) -> String {
-        format!("{}x{}x{}x{}", self.grid[0], self.grid[1], self.grid[2], self.channels)
+        format!(
+            "{}x{}x{}x{}",
+            self.grid[0], self.grid[1], self.grid[2], self.channels
+        )
     }
     fn bytes(&self) -> usize {
         let n_in: usize = self.grid.iter().product();
         let n_out = plan(self.grid).map(|p| p.n_tokens_out()).unwrap_or(0);
         // AddLn also reads the branch and writes the residual back.
-        let extra = if self.fuse == Fuse::AddLn { 2 * n_in } else { 0 };
+        let extra = if self.fuse == Fuse::AddLn {
+            2 * n_in
+        } else {
+            0
+        };
         2 * self.channels * (n_in + n_out + extra)
     }
     fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
@@ -72,7 +85,11 @@ impl Case for Gather {
         let table = p.partition_table();
         let mut rng = Rng(seed);
         let src_host = rng.halves(n_in * self.channels, 2.0, 0.25);
-        let branch_host = if self.fuse == Fuse::AddLn { rng.halves(src_host.len(), 1.0, 0.0) } else { Vec::new() };
+        let branch_host = if self.fuse == Fuse::AddLn {
+            rng.halves(src_host.len(), 1.0, 0.0)
+        } else {
+            Vec::new()
+        };
         Ok(Box::new(GatherSet {
             c: self.channels,
             fuse: self.fuse,
@@ -92,10 +109,27 @@ impl Instance for GatherSet {
         let mut out = self.out.view_mut();
         match self.fuse {
             Fuse::None => gather(dev, &self.plan, &self.src.view(), &mut out, self.c),
-            Fuse::Ln => layer_norm_gather(dev, &self.plan, &self.src.view(), &mut out, self.c, None, 1e-5),
+            Fuse::Ln => layer_norm_gather(
+                dev,
+                &self.plan,
+                &self.src.view(),
+                &mut out,
+                self.c,
+                None,
+                1e-5,
+            ),
             Fuse::AddLn => {
                 let b = self.branch.view();
-                add_layer_norm_gather(dev, &self.plan, &mut self.src.view_mut(), &b, &mut out, self.c, None, 1e-5)
+                add_layer_norm_gather(
+                    dev,
+                    &self.plan,
+                    &mut self.src.view_mut(),
+                    &b,
+                    &mut out,
+                    self.c,
+                    None,
+                    1e-5,
+                )
             }
         }
     }
@@ -110,7 +144,11 @@ impl Instance for GatherSet {
                 *r = oracle::add_round(*r, *b);
             }
             let res = self.src.download().map_err(e)?;
-            if res.iter().zip(&src_ref).any(|(a, b)| a.to_bits() != b.to_bits()) {
+            if res
+                .iter()
+                .zip(&src_ref)
+                .any(|(a, b)| a.to_bits() != b.to_bits())
+            {
                 return Err("residual is not the bit-exact f16 sum".into());
             }
         }

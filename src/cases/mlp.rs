@@ -45,7 +45,14 @@ impl Case for BiasGelu {
 impl Instance for BiasGeluSet {
     fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
         let b = self.b.view();
-        bias_gelu(dev, &self.x.view(), GeluBias::F16(&b), &mut self.y.view_mut(), self.cols, GeluMode::Erf)
+        bias_gelu(
+            dev,
+            &self.x.view(),
+            GeluBias::F16(&b),
+            &mut self.y.view_mut(),
+            self.cols,
+            GeluMode::Erf,
+        )
     }
     fn check(&mut self, _dev: &Device) -> Result<f64, String> {
         let y = self.y.download().map_err(|e| e.to_string())?;
@@ -58,7 +65,9 @@ impl Instance for BiasGeluSet {
                 let (got, want) = (y[r * c + i], oracle::gelu_erf(s));
                 let e = ulp_err(got, want);
                 if e > 1.0 {
-                    return Err(format!("row {r} col {i}: gelu({s}) got {got} want {want} ({e:.2} ulp)"));
+                    return Err(format!(
+                        "row {r} col {i}: gelu({s}) got {got} want {want} ({e:.2} ulp)"
+                    ));
                 }
                 worst = worst.max(e);
             }

@@ -37,14 +37,20 @@ impl Rng {
         ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
     }
     pub fn halves(&mut self, n: usize, scale: f64, offset: f64) -> Vec<f16> {
-        (0..n).map(|_| f16::from_f64(offset + scale * (2.0 * self.next() - 1.0))).collect()
+        (0..n)
+            .map(|_| f16::from_f64(offset + scale * (2.0 * self.next() - 1.0)))
+            .collect()
     }
 }
 
 /// f16 ulps between `got` and `want`, ulp floored at the smallest normal.
 pub fn ulp_err(got: f16, want: f64) -> f64 {
     if got.is_nan() || want.is_nan() {
-        return if got.is_nan() && want.is_nan() { 0.0 } else { f64::INFINITY };
+        return if got.is_nan() && want.is_nan() {
+            0.0
+        } else {
+            f64::INFINITY
+        };
     }
     let a = want.abs().max(f16::MIN_POSITIVE.to_f64());
     (got.to_f64() - want).abs() / 2f64.powf(a.log2().floor() - 10.0)
@@ -65,20 +71,36 @@ pub fn all(full: bool) -> Vec<Box<dyn Case>> {
         &[(4096, 192), (1024, 384)]
     };
     for &(r, w) in rows {
-        v.push(Box::new(norm::LayerNorm { rows: r, width: w, affine: false }));
+        v.push(Box::new(norm::LayerNorm {
+            rows: r,
+            width: w,
+            affine: false,
+        }));
     }
-    v.push(Box::new(norm::LayerNorm { rows: rows[0].0, width: rows[0].1, affine: true }));
+    v.push(Box::new(norm::LayerNorm {
+        rows: rows[0].0,
+        width: rows[0].1,
+        affine: true,
+    }));
     for &(r, w) in rows {
         v.push(Box::new(norm::AddLayerNorm { rows: r, width: w }));
     }
     let grids: &[([usize; 3], usize)] = if full {
-        &[([8, 91, 180], 192), ([8, 181, 360], 192), ([8, 91, 180], 384)]
+        &[
+            ([8, 91, 180], 192),
+            ([8, 181, 360], 192),
+            ([8, 91, 180], 384),
+        ]
     } else {
         &[([2, 13, 24], 192), ([2, 7, 12], 384)]
     };
     for fuse in [gather::Fuse::None, gather::Fuse::Ln, gather::Fuse::AddLn] {
         for &(g, c) in grids {
-            v.push(Box::new(gather::Gather { grid: g, channels: c, fuse }));
+            v.push(Box::new(gather::Gather {
+                grid: g,
+                channels: c,
+                fuse,
+            }));
         }
     }
     let mlp: &[(usize, usize)] = if full {
@@ -90,15 +112,30 @@ pub fn all(full: bool) -> Vec<Box<dyn Case>> {
         v.push(Box::new(mlp::BiasGelu { rows: r, cols: c }));
     }
     // (windows, heads): the two Pangu attention shapes.
-    let attn: &[(usize, usize)] = if full { &[(3720, 6), (960, 12)] } else { &[(24, 2), (8, 4)] };
+    let attn: &[(usize, usize)] = if full {
+        &[(3720, 6), (960, 12)]
+    } else {
+        &[(24, 2), (8, 4)]
+    };
     for &(w, h) in attn {
-        v.push(Box::new(attn::QkvSplit { windows: w, heads: h }));
+        v.push(Box::new(attn::QkvSplit {
+            windows: w,
+            heads: h,
+        }));
     }
     for &(w, h) in attn {
-        v.push(Box::new(attn::BiasMask { windows: w, heads: h, softmax: false }));
+        v.push(Box::new(attn::BiasMask {
+            windows: w,
+            heads: h,
+            softmax: false,
+        }));
     }
     for &(w, h) in attn {
-        v.push(Box::new(attn::BiasMask { windows: w, heads: h, softmax: true }));
+        v.push(Box::new(attn::BiasMask {
+            windows: w,
+            heads: h,
+            softmax: true,
+        }));
     }
     v
 }

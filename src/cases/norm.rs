@@ -9,7 +9,6 @@ pub struct LayerNorm {
     pub affine: bool,
 }
 
-
 struct LayerNormSet {
     width: usize,
     x_host: Vec<f16>,
@@ -21,7 +20,11 @@ struct LayerNormSet {
 
 impl Case for LayerNorm {
     fn name(&self) -> String {
-        if self.affine { "layer_norm_affine".into() } else { "layer_norm".into() }
+        if self.affine {
+            "layer_norm_affine".into()
+        } else {
+            "layer_norm".into()
+        }
     }
     fn shape(&self) -> String {
         format!("[{},{}]", self.rows, self.width)
@@ -32,9 +35,12 @@ impl Case for LayerNorm {
     fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
         let mut rng = Rng(seed);
         let x_host = rng.halves(self.rows * self.width, 2.0, 0.25);
-        let gb_host = self
-            .affine
-            .then(|| (rng.halves(self.width, 0.5, 1.0), rng.halves(self.width, 0.5, 0.0)));
+        let gb_host = self.affine.then(|| {
+            (
+                rng.halves(self.width, 0.5, 1.0),
+                rng.halves(self.width, 0.5, 0.0),
+            )
+        });
         let gb = match &gb_host {
             Some((g, b)) => Some((dev.upload(g)?, dev.upload(b)?)),
             None => None,
@@ -57,7 +63,17 @@ impl Instance for LayerNormSet {
         match &self.gb {
             Some((g, b)) => {
                 let (gv, bv) = (g.view(), b.view());
-                layer_norm(dev, &x, &mut y, self.width, Some(Affine { gamma: &gv, beta: &bv }), 1e-5)
+                layer_norm(
+                    dev,
+                    &x,
+                    &mut y,
+                    self.width,
+                    Some(Affine {
+                        gamma: &gv,
+                        beta: &bv,
+                    }),
+                    1e-5,
+                )
             }
             None => layer_norm(dev, &x, &mut y, self.width, None, 1e-5),
         }
@@ -145,15 +161,24 @@ impl Instance for AddLayerNormSet {
     }
     fn check(&mut self, _dev: &Device) -> Result<f64, String> {
         let e = |e: wavefuse::Error| e.to_string();
-        let (ro, y) = (self.r_out.download().map_err(e)?, self.y.download().map_err(e)?);
+        let (ro, y) = (
+            self.r_out.download().map_err(e)?,
+            self.y.download().map_err(e)?,
+        );
         let w = self.width;
         let mut worst = 0.0f64;
         for r in sampled_rows(self.r_host.len() / w) {
             let sum: Vec<f16> = (r * w..(r + 1) * w)
                 .map(|i| oracle::add_round(self.r_host[i], self.b_host[i]))
                 .collect();
-            if sum.iter().zip(&ro[r * w..(r + 1) * w]).any(|(a, b)| a.to_bits() != b.to_bits()) {
-                return Err(format!("row {r}: residual_out is not the bit-exact f16 sum"));
+            if sum
+                .iter()
+                .zip(&ro[r * w..(r + 1) * w])
+                .any(|(a, b)| a.to_bits() != b.to_bits())
+            {
+                return Err(format!(
+                    "row {r}: residual_out is not the bit-exact f16 sum"
+                ));
             }
             let want = oracle::layer_norm_row(&sum, None, None, 1e-5);
             for (i, (got, wv)) in y[r * w..(r + 1) * w].iter().zip(&want).enumerate() {
