@@ -593,6 +593,8 @@ def main(argv=None):
     ap.add_argument("--only", default=None, help="run variants whose name contains SUBSTRING")
     ap.add_argument("--quick", action="store_true", help="fewer reps (20) and warm-ups (3)")
     ap.add_argument("--no-compile", action="store_true", help="eager and copy only")
+    ap.add_argument("--no-autotune", action="store_true",
+                    help="skip torch.compile(mode='max-autotune-no-cudagraphs') (its autotuning takes minutes)")
     ap.add_argument("--reps", type=int, default=None, help="timed launches (default 100, --quick 20)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up launches (default 10, --quick 3)")
     ap.add_argument("--no-launch-ahead", action="store_true",
@@ -616,6 +618,8 @@ def main(argv=None):
     # Inference only; set once so compiled graphs are not re-guarded on grad mode.
     torch.set_grad_enabled(False)
     impls = ["eager"] if args.no_compile else ["eager", "compile", "compile_max_autotune"]
+    if args.no_autotune and "compile_max_autotune" in impls:
+        impls.remove("compile_max_autotune")
     props = torch.cuda.get_device_properties(0)
     l2 = int(getattr(props, "L2_cache_size", 0) or 0)
     try:

@@ -52,22 +52,70 @@ fn n_sets(dev: &Device, bytes: usize) -> usize {
     (4 * l2).div_ceil(bytes.max(1)).clamp(2, 64)
 }
 
+/// Per-launch device-event times in microseconds.
+///
+/// All launches and events are queued first and read after one final
+/// wait: reading each pair inside the loop would idle the device between
+/// launches and time the host's enqueue latency too. On a GPU a few ms of
+/// copies are queued ahead (`spacer`), so the device never waits for the
+/// host while the timed launches are being queued.
 fn time_loop(
     dev: &Device,
     reps: usize,
+    spacer: Option<&mut Spacer>,
     mut f: impl FnMut(usize) -> wavefuse::Result<()>,
 ) -> wavefuse::Result<Vec<f64>> {
-    let mut out = Vec::with_capacity(reps);
+    if let Some(sp) = spacer {
+        sp.queue()?;
+    }
+    let mut ev = Vec::with_capacity(reps);
     for i in 0..reps {
         let a = dev.record()?;
         f(i)?;
-        let b = dev.record()?;
-        out.push(b.elapsed_ms(&a)? as f64 * 1e3);
+        ev.push((a, dev.record()?));
     }
-    Ok(out)
+    ev.iter()
+        .map(|(a, b)| Ok(b.elapsed_ms(a)? as f64 * 1e3))
+        .collect()
 }
 
-pub fn run_case(dev: &Device, case: &dyn Case, reps: usize) -> Result<Record, String> {
+/// Device work queued ahead of a timed loop (GPU backends only).
+pub struct Spacer {
+    a: DeviceBuffer<f16>,
+    b: DeviceBuffer<f16>,
+}
+
+impl Spacer {
+    /// 2 x 128 MiB buffers; `queue` copies them back and forth (~2 ms on an H200).
+    pub fn new(dev: &Device) -> wavefuse::Result<Option<Spacer>> {
+        if dev.info().backend == wavefuse::BackendKind::Cpu {
+            return Ok(None);
+        }
+        let n = 64 << 20;
+        Ok(Some(Spacer {
+            a: dev.upload(&vec![f16::ONE; n])?,
+            b: dev.alloc::<f16>(n)?,
+        }))
+    }
+
+    fn queue(&mut self) -> wavefuse::Result<()> {
+        for i in 0..16 {
+            if i % 2 == 0 {
+                self.b.copy_from(&self.a)?
+            } else {
+                self.a.copy_from(&self.b)?
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn run_case(
+    dev: &Device,
+    case: &dyn Case,
+    reps: usize,
+    spacer: &mut Option<Spacer>,
+) -> Result<Record, String> {
     let e = |e: wavefuse::Error| e.to_string();
     dev.synchronize().map_err(e)?;
     let before = used(dev);
@@ -79,11 +127,11 @@ pub fn run_case(dev: &Device, case: &dyn Case, reps: usize) -> Result<Record, St
     }
     // Cold: the first launch of this kernel on this device in this process
     // (module load is reported separately in DeviceInfo::load_ms).
-    let cold = time_loop(dev, 1, |_| inst[0].launch(dev)).map_err(e)?[0];
+    let cold = time_loop(dev, 1, None, |_| inst[0].launch(dev)).map_err(e)?[0];
     for i in 0..10.min(reps.max(1)) {
         inst[i % sets].launch(dev).map_err(e)?;
     }
-    let raw = time_loop(dev, reps, |i| inst[i % sets].launch(dev)).map_err(e)?;
+    let raw = time_loop(dev, reps, spacer.as_mut(), |i| inst[i % sets].launch(dev)).map_err(e)?;
     // Correctness of what was timed: the last launch's output of every set
     // is checked against the f64 oracle.
     let mut max_err = 0.0f64;
@@ -113,7 +161,10 @@ pub fn run_case(dev: &Device, case: &dyn Case, reps: usize) -> Result<Record, St
     for i in 0..10.min(reps.max(1)) {
         dst[i % sets].copy_from(&src[i % sets]).map_err(e)?;
     }
-    let copy_raw = time_loop(dev, reps, |i| dst[i % sets].copy_from(&src[i % sets])).map_err(e)?;
+    let copy_raw = time_loop(dev, reps, spacer.as_mut(), |i| {
+        dst[i % sets].copy_from(&src[i % sets])
+    })
+    .map_err(e)?;
     drop((src, dst));
     dev.synchronize().map_err(e)?;
     let after = used(dev);

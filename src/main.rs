@@ -96,6 +96,15 @@ fn main() -> ExitCode {
     let reps = if gpu { args.reps } else { args.reps.min(10) };
     let mut records = Vec::new();
     let mut failed = 0;
+    // Memory for the spacer is taken before the first case's "before"
+    // reading, so the no-growth check is not disturbed by it.
+    let mut spacer = match bench::Spacer::new(&dev) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("could not allocate the timing spacer: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     for (i, case) in selected.iter().enumerate() {
         eprint!(
             "\r[{}/{}] {} {}          ",
@@ -104,7 +113,7 @@ fn main() -> ExitCode {
             case.name(),
             case.shape()
         );
-        match bench::run_case(&dev, case.as_ref(), reps) {
+        match bench::run_case(&dev, case.as_ref(), reps, &mut spacer) {
             Ok(r) => {
                 if !r.correct {
                     failed += 1;

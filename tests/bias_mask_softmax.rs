@@ -241,20 +241,45 @@ fn fully_masked_rows_are_nan_like_torch() {
     }
 }
 
+/// The emulator's wave64 and wave32 modes agree bit for bit (same source,
+/// same order). A GPU computes `exp` with its hardware `exp2` (a few f32
+/// ulps from the host's `exp2f`), so it must agree with the emulator
+/// within 1 f16 ulp, and bit for bit on most elements.
 #[test]
-fn backends_agree_bit_for_bit() {
+fn backends_agree() {
     let c = make_case(8, 2, 2, 2, Some(1), 2.0, 1);
     let outs: Vec<_> = devices()
         .iter()
-        .map(|d| (d.info().name.clone(), run(d, &c, false).expect("launch")))
+        .map(|d| (d.info().clone(), run(d, &c, false).expect("launch")))
         .collect();
-    for (name, o) in &outs[1..] {
-        assert!(
-            o.iter()
-                .zip(&outs[0].1)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{name} differs from {}",
-            outs[0].0
+    let cpu = outs
+        .iter()
+        .find(|(i, _)| i.backend == wavefuse::BackendKind::Cpu)
+        .expect("emulator present");
+    for (info, o) in &outs {
+        let mut differ = 0usize;
+        for (i, (a, b)) in o.iter().zip(&cpu.1).enumerate() {
+            if a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) {
+                continue;
+            }
+            differ += 1;
+            assert!(
+                info.backend != wavefuse::BackendKind::Cpu,
+                "{} differs from {} at {i}: {a} vs {b}",
+                info.name,
+                cpu.0.name
+            );
+            let e = common::ulp_err(*a, b.to_f64());
+            assert!(
+                e <= 1.0,
+                "{} at {i}: {a} vs emulator {b} ({e} ulp)",
+                info.name
+            );
+        }
+        eprintln!(
+            "{}: {differ} of {} elements differ from the emulator (all within 1 ulp)",
+            info.name,
+            o.len()
         );
     }
 }

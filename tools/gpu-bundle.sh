@@ -31,9 +31,12 @@ cat > bundle/run.sh <<'RUN'
 # Runs on the GPU host: suite, sanitizers, harness, peers. Logs to $1.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-out="${1:?usage: run.sh OUTDIR [quick]}"; mode="${2:-full}"
+out="${1:?usage: run.sh OUTDIR [PHASES] [full|quick|nopeers] [PEER_FLAGS...]}"; phase="${2:-suite,sanitize,bench}"; mode="${3:-full}"
+has() { [[ ",$phase," == *",$1,"* ]]; }
+shift $(( $# < 3 ? $# : 3 )); peer_flags=("$@")
 mkdir -p "$out"
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader; } > "$out/meta.txt" 2>&1
+if has suite; then
 pass=0; fail=0
 for t in "$here"/bin/test-*; do
   n=$(basename "$t")
@@ -46,15 +49,17 @@ for t in "$here"/bin/test-*; do
   pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0}))
 done
 echo "suite: $pass passed, $fail failed" | tee -a "$out/suite.txt"
-if command -v compute-sanitizer >/dev/null; then
+fi
+if has sanitize && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     for t in "$here"/bin/test-*; do
       n=$(basename "$t"); case "$n" in test-amd_static|test-emu|test-*-lib|test-hip*) continue;; esac
-      WAVEFUSE_TEST_GPU_ONLY=1 compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=1 > "$out/san-$tool-$n.log" 2>&1
-      echo "$tool $n: rc=$? $(grep -E 'ERROR SUMMARY|test result' "$out/san-$tool-$n.log" | tr '\n' ' ')" | tee -a "$out/sanitizer.txt"
+      WAVEFUSE_TEST_GPU_ONLY=1 compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=4 > "$out/san-$tool-$n.log" 2>&1
+      echo "$tool $n: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/san-$tool-$n.log" | tr '\n' ' ')" | tee -a "$out/sanitizer.txt"
     done
   done
 fi
+if has bench; then
 args=(); [ "$mode" = quick ] && args=(--reps 30)
 "$here/bin/wavefuse-suite" --backend cuda --out "$out/harness" "${args[@]}" 2>"$out/harness.err" | tee "$out/harness.txt"
 if [ -x "$here/bin/bench-host_costs" ]; then
@@ -62,8 +67,9 @@ if [ -x "$here/bin/bench-host_costs" ]; then
   grep -E "^[A-Za-z].*|time:" "$out/criterion.txt" | grep -v "^Benchmarking\|^Found" | paste - - >> "$out/suite.txt"
 fi
 if [ -f "$here/peers.py" ] && [ "$mode" != nopeers ]; then
-  PYTHONUNBUFFERED=1 python3 "$here/peers.py" --out "$out/harness/peers.jsonl" $([ "$mode" = quick ] && echo --quick) > "$out/peers.txt" 2>"$out/peers.err"
+  PYTHONUNBUFFERED=1 python3 "$here/peers.py" --out "$out/harness/peers.jsonl" $([ "$mode" = quick ] && echo --quick) "${peer_flags[@]}" > "$out/peers.txt" 2>"$out/peers.err"
   [ -f "$here/compare.py" ] && python3 "$here/compare.py" "$out/harness/results.jsonl" "$out/harness/peers.jsonl" | tee "$out/compare.md"
+fi
 fi
 # At most a few files come back from a device run: pack everything.
 tar czf "$out.tgz" -C "$out" . && echo "packed $out.tgz"

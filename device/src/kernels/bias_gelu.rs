@@ -1,5 +1,8 @@
 //! `y = gelu(x + bias)`: f16 `x` [rows, cols], f16 or bf16 `bias` [cols],
-//! f16 `y`; exact (erf) or tanh GELU from [`crate::math`].
+//! f16 `y`; exact (erf) or tanh GELU from [`crate::math`]
+//! ([`crate::math::gelu_erf_fast`] / [`crate::math::gelu_tanh_fast`]: one
+//! hardware `exp2` and one reciprocal per element, so the kernel stays
+//! memory-bound; the polynomial-only forms cost twice the arithmetic).
 //!
 //! Rounding (PyTorch on CUDA): with an f16 bias, `x + b` is an f16 tensor op
 //! (f32 add rounded to f16) and GELU runs in f32 on that f16 value, rounded
@@ -12,7 +15,7 @@
 //! on the vector path, single halves on the scalar path) `GELU_BLOCK` apart,
 //! so every load instruction of a wave covers contiguous memory. No
 //! collectives: out-of-range items are simply predicated off.
-use crate::math::{gelu_erf, gelu_tanh};
+use crate::math::{gelu_erf_fast, gelu_tanh_fast};
 use crate::vec::{V8, store8};
 
 /// Threads per workgroup.
@@ -25,7 +28,11 @@ const _: () = assert!(GELU_PER_THREAD == 4);
 /// GELU of one f32 (erf or tanh form).
 #[inline(always)]
 fn gelu<const TANH: bool>(v: f32) -> f32 {
-    if TANH { gelu_tanh(v) } else { gelu_erf(v) }
+    if TANH {
+        gelu_tanh_fast(v)
+    } else {
+        gelu_erf_fast(v)
+    }
 }
 
 /// `x + b` as PyTorch rounds it (see the module docs).

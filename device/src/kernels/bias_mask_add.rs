@@ -13,13 +13,17 @@
 //! used) are exact in f16, and it halves the mask's bytes and registers.
 //!
 //! Layout: one workgroup of [`ADD_BLOCK`] threads per (window, head) tile of
-//! `T * T / 8` vectors; each thread takes two vectors per step,
-//! `ADD_BLOCK` apart (for T = 144: 2592 vectors = 6.75 steps of 384, 96%
-//! of lanes busy). The table lookups are per workgroup. No collectives.
-use crate::vec::{load8, store8};
+//! `T * T / 8` vectors; each thread takes seven vectors per pass,
+//! `ADD_BLOCK` apart (for T = 144: 2592 vectors = 2 passes of 1344, 96% of
+//! lanes busy), all loads of a pass in flight before its stores. The table
+//! lookup is per workgroup, issued after the first score loads. No
+//! collectives.
+use crate::vec::{V8, store8};
 
 /// Threads per workgroup (3 waves of 64, 6 warps of 32).
 pub const ADD_BLOCK: u32 = 192;
+/// Vectors per thread per pass (the `unroll!` lists name 0..7).
+const ADD_VECS: usize = 7;
 
 /// Table entries for `window`: (bias type, mask slot); traps on an entry
 /// out of range (the host API validates tables when they are built, so
@@ -68,62 +72,79 @@ pub unsafe fn bias_mask_add<const MASK: bool>(
     n_slots: u32,
 ) {
     let tile = crate::gpu::block_id();
-    let hd = crate::math::divisor(heads);
-    let (w, h) = (tile / hd, tile % hd);
-    // SAFETY: w < windows (one workgroup per tile).
-    let (ty, sl) = unsafe { lookup::<MASK>(types, slots, w, n_types, n_slots) };
+    let tid = crate::gpu::thread_id();
     let tile_len = tile_vec as usize * 8;
     // SAFETY: each tile lies in its tensor (caller).
-    let (sp, bp, mp) = unsafe {
-        (
-            s.add(tile as usize * tile_len),
-            bias.add((ty as usize * heads as usize + h as usize) * tile_len),
-            mask.add(sl as usize * tile_len),
-        )
-    };
-    let mut e = crate::gpu::thread_id();
-    while e < tile_vec {
-        let e2 = e + ADD_BLOCK;
-        let two = e2 < tile_vec;
-        // SAFETY: e (and e2 when `two`) < tile_vec.
-        let (s1, b1, m1) = unsafe { load3::<MASK>(sp, bp, mp, e) };
-        let (s2, b2, m2) = if two {
-            // SAFETY: as above.
-            unsafe { load3::<MASK>(sp, bp, mp, e2) }
-        } else {
-            ([0.0; 8], [0.0; 8], [0.0; 8])
+    let sp = unsafe { s.add(tile as usize * tile_len) };
+    // Score loads do not depend on the table lookup: each pass issues them
+    // first, so the lookup's latency hides behind them, then the bias and
+    // mask loads, and only then the stores (which the compiler may not move
+    // loads across: `s` may alias `bias` as far as it knows).
+    let mut e0 = 0u32;
+    let mut looked_up: Option<(*const u16, *const u16)> = None;
+    while e0 < tile_vec {
+        let mut sr = [V8([0; 4]); ADD_VECS];
+        let mut live = [false; ADD_VECS];
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6] {
+            let e = e0 + tid + k as u32 * ADD_BLOCK;
+            live[k] = e < tile_vec;
+            if live[k] {
+                // SAFETY: e < tile_vec.
+                sr[k] = unsafe { core::ptr::read(sp.add(e as usize * 8).cast::<V8>()) };
+            }
+        });
+        let (bp, mp) = match looked_up {
+            Some(p) => p,
+            None => {
+                let hd = crate::math::divisor(heads);
+                let (w, h) = (tile / hd, tile % hd);
+                // SAFETY: w < windows (one workgroup per tile).
+                let (ty, sl) = unsafe { lookup::<MASK>(types, slots, w, n_types, n_slots) };
+                // SAFETY: the bias and mask tiles lie in their tensors (caller).
+                let p = unsafe {
+                    (
+                        bias.add((ty as usize * heads as usize + h as usize) * tile_len),
+                        mask.add(sl as usize * tile_len),
+                    )
+                };
+                looked_up = Some(p);
+                p
+            }
         };
-        // SAFETY: as above.
-        unsafe { store8(sp.add(e as usize * 8), sum3::<MASK>(s1, b1, m1)) };
-        if two {
-            // SAFETY: as above.
-            unsafe { store8(sp.add(e2 as usize * 8), sum3::<MASK>(s2, b2, m2)) };
-        }
-        e += 2 * ADD_BLOCK;
+        let mut br = [V8([0; 4]); ADD_VECS];
+        let mut mr = [V8([0; 4]); ADD_VECS];
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6] {
+            if live[k] {
+                let o = (e0 + tid + k as u32 * ADD_BLOCK) as usize * 8;
+                // SAFETY: inside the tiles.
+                unsafe {
+                    br[k] = core::ptr::read(bp.add(o).cast::<V8>());
+                    if MASK {
+                        mr[k] = core::ptr::read(mp.add(o).cast::<V8>());
+                    }
+                }
+            }
+        });
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6] {
+            if live[k] {
+                let o = (e0 + tid + k as u32 * ADD_BLOCK) as usize * 8;
+                let v = sum3::<MASK>(widen(sr[k]), widen(br[k]), widen(mr[k]));
+                // SAFETY: inside the tile.
+                unsafe { store8(sp.add(o), v) };
+            }
+        });
+        e0 += ADD_VECS as u32 * ADD_BLOCK;
     }
 }
 
-/// Vector `e` of the score, bias and (when `MASK`) mask tiles.
-///
-/// # Safety
-/// `e` inside the tiles.
+/// Eight halves (raw bits) widened to f32.
 #[inline(always)]
-#[allow(clippy::type_complexity)]
-unsafe fn load3<const MASK: bool>(
-    sp: *const u16,
-    bp: *const u16,
-    mp: *const u16,
-    e: u32,
-) -> ([f32; 8], [f32; 8], [f32; 8]) {
-    let o = e as usize * 8;
-    // SAFETY: caller contract.
-    unsafe {
-        (
-            load8(sp.add(o)),
-            load8(bp.add(o)),
-            if MASK { load8(mp.add(o)) } else { [0.0; 8] },
-        )
+fn widen(v: V8) -> [f32; 8] {
+    let mut o = [0.0f32; 8];
+    for (i, o) in o.iter_mut().enumerate() {
+        *o = f16::from_bits((v.0[i / 2] >> (16 * (i % 2))) as u16) as f32;
     }
+    o
 }
 
 /// `(s [+ m]) + b` in f32, per element.

@@ -3,7 +3,8 @@
 //!
 //! Numerics: `z = (f32(S) + f32(mask)) + f32(bias)` in f32 (as
 //! [`super::bias_mask_add`], never rounded to f16), `m = max z` (f32),
-//! `e = exp(z - m)` ([`crate::math::exp`]), `sum = sum e` in f32 (each lane
+//! `e = exp(z - m)` ([`crate::math::exp_hw`]: the hardware `exp2`, one
+//! instruction, so the kernel stays memory-bound), `sum = sum e` in f32 (each lane
 //! adds its 72 values in order, then one butterfly step),
 //! `P = f16(e * (1 / sum))`: probabilities are rounded once. A row with
 //! NaN, +inf, or only -inf gives NaN everywhere (as `torch.softmax`).
@@ -19,7 +20,7 @@
 //! output may be the input (every read of a row precedes its writes and a
 //! row belongs to one lane pair).
 use crate::gpu;
-use crate::math::exp;
+use crate::math::exp_hw;
 use crate::vec::{load8, store8};
 
 /// Row length with a kernel.
@@ -95,7 +96,7 @@ pub unsafe fn bias_mask_softmax<const MASK: bool>(
     let mut sum = 0.0f32;
     crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
         for e in 0..8 {
-            z[k][e] = exp(z[k][e] - m);
+            z[k][e] = exp_hw(z[k][e] - m);
             sum += z[k][e];
         }
     });
