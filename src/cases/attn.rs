@@ -6,20 +6,55 @@ use wavefuse::{
     AttnBias, AttnMask, Device, DeviceBuffer, QkvSplit as Params, WindowTable, bias_mask_add,
     bias_mask_softmax, f16, qkv_split,
 };
+use wavefuse_shared::window::{Grid3, Shift3, Window3, WindowPlan};
 use wavefuse_suite::oracle;
 
 const T: usize = 144;
 const HD: usize = 32;
-/// Mask slots of a shifted 3D window partition.
-const SLOTS: usize = 8;
 
-/// Window types for a window count: latitude x level windows.
-fn types(windows: usize) -> usize {
-    match windows {
-        3720 => 4 * 31,
-        960 => 4 * 16,
-        w => w.div_ceil(4).max(1),
+/// The shifted window plan whose windows the attention shapes come from:
+/// the window -> earth-bias type and window -> mask slot tables are the
+/// planner's (consecutive longitude windows share a type, as in the model).
+/// Small (emulator) shapes use a small grid.
+fn plan(windows: usize) -> Result<WindowPlan, String> {
+    let grid = match windows {
+        3720 => Grid3 {
+            z: 8,
+            h: 181,
+            w: 360,
+        },
+        960 => Grid3 {
+            z: 8,
+            h: 91,
+            w: 180,
+        },
+        _ => Grid3 {
+            z: 4,
+            h: 12,
+            w: 24 * windows.div_ceil(8),
+        },
+    };
+    let p = WindowPlan::new(
+        grid,
+        Window3 { z: 2, h: 6, w: 12 },
+        Shift3 { z: 1, h: 3, w: 6 },
+    )
+    .map_err(|e| format!("{e:?}"))?;
+    if p.n_windows() < windows {
+        return Err(format!(
+            "plan has {} windows, need {windows}",
+            p.n_windows()
+        ));
     }
+    Ok(p)
+}
+
+fn types(windows: usize) -> usize {
+    plan(windows).map(|p| p.n_window_types()).unwrap_or(0)
+}
+
+fn slots(windows: usize) -> usize {
+    plan(windows).map(|p| p.mask_slots().n_slots).unwrap_or(0)
 }
 
 pub struct QkvSplit {
@@ -141,25 +176,26 @@ impl Case for BiasMask {
         let tile = T * T;
         4 * self.windows * self.heads * tile
             + 2 * types(self.windows) * self.heads * tile
-            + 2 * SLOTS * tile
+            + 2 * slots(self.windows) * tile
     }
     fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
         let mut rng = Rng(seed);
         let (w, h, tile) = (self.windows, self.heads, T * T);
-        let n_types = types(w);
+        let p = plan(w).map_err(|why| wavefuse::Error::BadParameter {
+            op: "harness",
+            what: "windows",
+            value: format!("{w}: {why}"),
+            why: "window plan failed",
+        })?;
+        let n_types = p.n_window_types();
+        let ms = p.mask_slots();
         let s_host = rng.halves(w * h * tile, 4.0, 0.0);
         let bias_host = rng.halves(n_types * h * tile, 2.0, 0.0);
-        let mask_host: Vec<f16> = (0..SLOTS * tile)
-            .map(|_| {
-                if rng.next() < 0.3 {
-                    f16::from_f32(-100.0)
-                } else {
-                    f16::ZERO
-                }
-            })
-            .collect();
-        let ty_host: Vec<i32> = (0..w).map(|i| (i % n_types) as i32).collect();
-        let slot_host: Vec<i32> = (0..w).map(|i| (i * 7 % SLOTS) as i32).collect();
+        let mask_host: Vec<f16> = ms.slot_masks.iter().map(|&v| f16::from_f32(v)).collect();
+        let mut ty_host = p.window_type_table();
+        ty_host.truncate(w);
+        let mut slot_host = ms.window_to_slot;
+        slot_host.truncate(w);
         Ok(Box::new(BiasMaskSet {
             heads: h,
             softmax: self.softmax,
@@ -168,7 +204,7 @@ impl Case for BiasMask {
             bias: dev.upload(&bias_host)?,
             mask: dev.upload(&mask_host)?,
             ty: WindowTable::new(dev, &ty_host, n_types)?,
-            slot: WindowTable::new(dev, &slot_host, SLOTS)?,
+            slot: WindowTable::new(dev, &slot_host, ms.n_slots)?,
             s_host,
             bias_host,
             mask_host,

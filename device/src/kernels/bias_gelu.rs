@@ -72,12 +72,22 @@ pub unsafe fn bias_gelu_vec<const TANH: bool, const BF16: bool>(
     let mut xr = [V8([0; 4]); P];
     let mut br = [V8([0; 4]); P];
     let mut live = [false; P];
+    // Column of each item: one division for the first, then steps of
+    // GELU_BLOCK (mod cols_vec) by a compare-and-subtract.
+    let step = GELU_BLOCK % cols_vec;
+    // Past u32::MAX every item of this thread is dead (n_vec <= u32::MAX),
+    // so the truncation only feeds unused columns.
+    let mut c = (base as u32) % cols_vec;
     crate::unroll!(k in [0, 1, 2, 3] {
         let i = base + (k as u64) * u64::from(GELU_BLOCK);
         live[k] = i < u64::from(n_vec);
+        if k > 0 {
+            c += step;
+            if c >= cols_vec.get() {
+                c -= cols_vec.get();
+            }
+        }
         if live[k] {
-            // i < n_vec <= u32::MAX.
-            let c = (i as u32) % cols_vec;
             // SAFETY: i < n_vec and c < cols_vec; both aligned (caller).
             unsafe {
                 xr[k] = core::ptr::read(x.add(i as usize * 8).cast::<V8>());
@@ -90,9 +100,13 @@ pub unsafe fn bias_gelu_vec<const TANH: bool, const BF16: bool>(
             let mut o = [0.0f32; 8];
             for (e, o) in o.iter_mut().enumerate() {
                 let sh = 16 * (e % 2);
-                let xv = f16::from_bits((xr[k].0[e / 2] >> sh) as u16) as f32;
-                let bv = widen::<BF16>((br[k].0[e / 2] >> sh) as u16);
-                *o = gelu::<TANH>(add_bias::<BF16>(xv, bv));
+                let xh = f16::from_bits((xr[k].0[e / 2] >> sh) as u16);
+                let bb = (br[k].0[e / 2] >> sh) as u16;
+                // f16 bias: a native f16 add (one instruction; the same
+                // bits as the f32 add rounded to f16, since f32 carries
+                // 2*11+2 bits and double rounding is then innocuous).
+                let v = if BF16 { xh as f32 + widen::<true>(bb) } else { (xh + f16::from_bits(bb)) as f32 };
+                *o = gelu::<TANH>(v);
             }
             let i = base + (k as u64) * u64::from(GELU_BLOCK);
             // SAFETY: as for the load.
