@@ -5,7 +5,8 @@
 //! [`super::bias_mask_add`], never rounded to f16), `m = max z` (f32),
 //! `e = exp(z - m)` ([`crate::math::exp_hw`]: the hardware `exp2`, one
 //! instruction, so the kernel stays memory-bound), `sum = sum e` in f32 (each lane
-//! adds its 72 values in order, then one butterfly step),
+//! keeps eight partial sums, one per vector slot, adds them pairwise, then
+//! one butterfly step),
 //! `P = f16(e * (1 / sum))`: probabilities are rounded once. A row with
 //! NaN, +inf, or only -inf gives NaN everywhere (as `torch.softmax`).
 //!
@@ -86,20 +87,28 @@ pub unsafe fn bias_mask_softmax<const MASK: bool>(
         });
     }
     // Max: NaN needs no care here, it reaches every output through the sum.
-    let mut m = f32::NEG_INFINITY;
+    // Eight independent max / sum chains per lane (one per vector slot)
+    // instead of one chain of 72: the reductions are latency-bound
+    // otherwise.
+    let mut mv = [f32::NEG_INFINITY; 8];
     for k in 0..NV {
         for e in 0..8 {
-            m = if z[k][e] > m { z[k][e] } else { m };
+            mv[e] = if z[k][e] > mv[e] { z[k][e] } else { mv[e] };
         }
     }
+    let mut m = mv[0];
+    for v in &mv[1..] {
+        m = if *v > m { *v } else { m };
+    }
     let m = gpu::group_max::<SOFTMAX_LANES>(m);
-    let mut sum = 0.0f32;
+    let mut sv = [0.0f32; 8];
     crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
         for e in 0..8 {
             z[k][e] = exp_hw(z[k][e] - m);
-            sum += z[k][e];
+            sv[e] += z[k][e];
         }
     });
+    let sum = ((sv[0] + sv[1]) + (sv[2] + sv[3])) + ((sv[4] + sv[5]) + (sv[6] + sv[7]));
     let r = 1.0 / gpu::group_sum::<SOFTMAX_LANES>(sum);
     if active {
         let so = row as usize * T;
