@@ -8,6 +8,8 @@ DIR holds what one run on the device produced:
   results.jsonl  the harness's records (wavefuse-suite --out DIR)
   peers.jsonl    benches/peers.py --out DIR/peers.jsonl, same run
   chart.svg      the harness's chart
+  notes.md       optional: markdown appended after the method (later
+                 runs, suite and sanitizer results, host-side costs)
   meta.txt       free text written by the run: date, driver, the nvidia-smi
                  line and the command that made it. "key: value" lines are
                  read for date / driver / nvidia-smi / command (or cmd); if no
@@ -78,7 +80,7 @@ def first(recs, key):
     return None
 
 
-def render(results, peers, meta, meta_text, chart_rel, raw_links):
+def render(results, peers, meta, meta_text, chart_rel, raw_links, notes_text=""):
     device = first(results, "device") or first(peers, "device") or meta.get("device") or "unknown device"
     driver = first(results, "driver") or meta.get("driver") or "—"
     date = meta.get("date") or first(peers, "date")
@@ -139,9 +141,10 @@ def render(results, peers, meta, meta_text, chart_rel, raw_links):
         "reads inputs the previous one left in cache.\n"
         "- **Events per launch.** After a cold first launch (harness) or the compile call (torch.compile) "
         f"and 10 warm-up launches, each of {reps_text} (per case) is timed on its own between two device "
-        "events (`cudaEventRecord`/`hipEventRecord`; `torch.cuda.Event` for the peers). The peers queue "
-        "a GPU spin (`torch.cuda._sleep`) before the loop so Python dispatch overhead does not show as "
-        "GPU idle time inside an event pair (the record's `launch_ahead` says whether it was used).\n"
+        "events (`cudaEventRecord`/`hipEventRecord`; `torch.cuda.Event` for the peers). Neither side "
+        "lets the device wait for the host inside an event pair: the harness queues ~2 ms of device "
+        "copies ahead of each timed loop and reads all event pairs after it; the peers queue a GPU spin "
+        "(`torch.cuda._sleep`) before the loop (the record's `launch_ahead` says whether it was used).\n"
         "- **Statistics.** Median, with p10 and p90 (`sorted[round((n - 1) * p)]`); the raw samples are "
         "in the JSON.\n"
         "- **Bytes.** Each op's minimal traffic: every input read once, every output written once "
@@ -154,6 +157,9 @@ def render(results, peers, meta, meta_text, chart_rel, raw_links):
         "`torch.compile(mode=\"max-autotune-no-cudagraphs\")`, each compiled afresh per shape "
         "(`dynamic=False`), written as the Pangu-Weather model code writes the op.")
     out.append("")
+    if notes_text.strip():
+        out.append(notes_text.rstrip("\n"))
+        out.append("")
     if meta_text.strip():
         out.append("<details><summary>meta.txt as recorded</summary>")
         out.append("")
@@ -204,7 +210,8 @@ def main(argv=None):
             link = f"{args.raw_base.rstrip('/')}/{rel}" if args.raw_base else rel
             raw_links.append((label, link))
 
-    page = render(results, peers, meta, meta_text, chart_rel, raw_links)
+    notes_text = open(path("notes.md")).read() if os.path.exists(path("notes.md")) else ""
+    page = render(results, peers, meta, meta_text, chart_rel, raw_links, notes_text)
     with open(args.out, "w") as f:
         f.write(page)
     print(f"wrote {args.out}" + (f" and {chart_rel}" if chart_rel else ""), file=sys.stderr)

@@ -31,11 +31,15 @@ cat > bundle/run.sh <<'RUN'
 # Runs on the GPU host: suite, sanitizers, harness, peers. Logs to $1.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+all_args="$*"
 out="${1:?usage: run.sh OUTDIR [PHASES] [full|quick|nopeers] [PEER_FLAGS...]}"; phase="${2:-suite,sanitize,bench}"; mode="${3:-full}"
 has() { [[ ",$phase," == *",$1,"* ]]; }
 shift $(( $# < 3 ? $# : 3 )); peer_flags=("$@")
 mkdir -p "$out"
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader; } > "$out/meta.txt" 2>&1
+{ echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  echo "nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | head -1)"
+  echo "command: tools/gpu-bundle.sh && bundle/run.sh $all_args"; } > "$out/meta.txt" 2>&1
 if has suite; then
 pass=0; fail=0
 for t in "$here"/bin/test-*; do
