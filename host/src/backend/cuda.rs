@@ -5,7 +5,7 @@ use crate::device::{BackendKind, DeviceInfo};
 use crate::{Error, Result, objects};
 use cudarc::driver::{result as cu, sys};
 use std::collections::HashMap;
-use std::ffi::{CString, c_void};
+use std::ffi::CString;
 use std::time::Instant;
 
 pub struct Cuda {
@@ -171,14 +171,7 @@ impl Backend for Cuda {
             .get(kernel)
             .ok_or_else(|| unavailable(format!("kernel {kernel} not loaded")))?;
         let mut args = args.to_vec();
-        let mut params: Vec<*mut c_void> = args
-            .iter_mut()
-            .map(|a| match a {
-                Arg::Ptr(p) | Arg::U64(p) => (p as *mut u64).cast(),
-                Arg::U32(v) => (v as *mut u32).cast(),
-                Arg::F32(v) => (v as *mut f32).cast(),
-            })
-            .collect();
+        let mut params = Arg::param_ptrs(&mut args);
         // SAFETY: caller contract; the driver copies the parameters at launch.
         unsafe {
             cu::launch_kernel(

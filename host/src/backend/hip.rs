@@ -336,14 +336,7 @@ impl Backend for Hip {
             .get(kernel)
             .ok_or_else(|| unavailable(format!("kernel {kernel} not loaded")))?;
         let mut args = args.to_vec();
-        let mut params: Vec<*mut c_void> = args
-            .iter_mut()
-            .map(|a| match a {
-                Arg::Ptr(p) | Arg::U64(p) => (p as *mut u64).cast(),
-                Arg::U32(v) => (v as *mut u32).cast(),
-                Arg::F32(v) => (v as *mut f32).cast(),
-            })
-            .collect();
+        let mut params = Arg::param_ptrs(&mut args);
         // SAFETY: caller contract; `params` points at `args`, both alive
         // across the call, and the runtime copies the values at launch.
         let rc = unsafe {

@@ -20,6 +20,21 @@ pub enum Arg {
     F32(f32),
 }
 
+impl Arg {
+    /// Pointers to each argument's value, in the form both driver APIs
+    /// take (`kernelParams`: one pointer per kernel parameter). The
+    /// pointers borrow `args`, which must outlive the launch call.
+    pub fn param_ptrs(args: &mut [Arg]) -> Vec<*mut std::ffi::c_void> {
+        args.iter_mut()
+            .map(|a| match a {
+                Arg::Ptr(p) | Arg::U64(p) => (p as *mut u64).cast(),
+                Arg::U32(v) => (v as *mut u32).cast(),
+                Arg::F32(v) => (v as *mut f32).cast(),
+            })
+            .collect()
+    }
+}
+
 /// Grid and workgroup sizes of one launch.
 #[derive(Clone, Copy, Debug)]
 pub struct Launch {
