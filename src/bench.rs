@@ -25,6 +25,9 @@ pub struct Record {
     pub pct_of_copy: f64,
     pub mem_used_before: usize,
     pub mem_used_after: usize,
+    /// Device memory still in use after the case beyond what was in use
+    /// before it (0 = no growth).
+    pub mem_growth_bytes: usize,
     pub max_err_ulp: f64,
     pub correct: bool,
 }
@@ -168,6 +171,14 @@ pub fn run_case(
     drop((src, dst));
     dev.synchronize().map_err(e)?;
     let after = used(dev);
+    if after > before {
+        eprintln!(
+            "\n{} {}: device memory grew by {} bytes",
+            case.name(),
+            case.shape(),
+            after - before
+        );
+    }
 
     let mut s = raw.clone();
     s.sort_by(f64::total_cmp);
@@ -196,6 +207,7 @@ pub fn run_case(
         pct_of_copy: 100.0 * copy_median / median,
         mem_used_before: before,
         mem_used_after: after,
+        mem_growth_bytes: after.saturating_sub(before),
         max_err_ulp: max_err,
         correct,
     })

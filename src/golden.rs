@@ -3,120 +3,317 @@
 //! from PyTorch (`numpy.save(path, t.cpu().numpy())`).
 //!
 //! ```text
-//! wavefuse-suite check KERNEL --in NAME=PATH ... [--eps E] [--width W] --out-dir DIR [--backend B]
+//! wavefuse-suite check KERNEL --in NAME=PATH ... [--eps E] [--heads H] [--tanh]
+//!                             --out-dir DIR [--backend B]
 //! ```
-//! Inputs are f16 (`<f2`) arrays; the last axis is the row width.
+//! Floating inputs are float16 (`<f2`), tables int32 (`<i4`); the last axis
+//! of a row tensor is its width.
+//!
+//! | kernel | inputs | outputs |
+//! |---|---|---|
+//! | `layer_norm` | `x` [, `gamma`, `beta`] | `y` |
+//! | `add_layer_norm` | `residual`, `branch` [, `gamma`, `beta`] | `residual_out`, `y` |
+//! | `gather` | `src` [N, C], `idx` [T] | `out` [T, C] |
+//! | `layer_norm_gather` | `src`, `idx` [, `gamma`, `beta`] | `out` |
+//! | `bias_gelu` | `x` [R, C], `bias` [C] (`--tanh`) | `y` |
+//! | `qkv_split` | `qkv` [W*144, 3C] (`--heads H`) | `q`, `k`, `v` [W, H, 144, 32] |
+//! | `bias_mask_add` | `scores` [W, H, T, T], `bias` [types, H, T, T], `types` [W] [, `mask` [slots, T, T], `slots` [W]] | `scores` |
+//! | `bias_mask_softmax` | as `bias_mask_add` | `probs` |
 use npyz::WriterBuilder;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use wavefuse::{Affine, Choice, Device, f16, layer_norm};
+use wavefuse::{
+    Affine, AttnBias, AttnMask, Choice, Device, DeviceBuffer, GatherPlan, GeluBias, GeluMode,
+    QkvSplit, WindowTable, add_layer_norm_to, bias_gelu, bias_mask_add, bias_mask_softmax, f16,
+    gather, layer_norm, layer_norm_gather, qkv_split,
+};
 
-pub struct Tensor {
+pub struct Tensor<T> {
     pub shape: Vec<u64>,
-    pub data: Vec<f16>,
+    pub data: Vec<T>,
 }
 
-pub fn read_npy(path: &Path) -> Result<Tensor, String> {
+pub fn read_npy<T: npyz::Deserialize>(path: &Path) -> Result<Tensor<T>, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| format!("{}: {e}", path.display()))?;
     let shape = npy.shape().to_vec();
     if npy.order() != npyz::Order::C {
         return Err(format!("{}: Fortran order not supported", path.display()));
     }
-    let data = npy
-        .into_vec::<f16>()
-        .map_err(|e| format!("{}: expected a float16 array: {e}", path.display()))?;
+    let data = npy.into_vec::<T>().map_err(|e| {
+        format!(
+            "{}: wrong dtype (float16 data, int32 tables): {e}",
+            path.display()
+        )
+    })?;
     Ok(Tensor { shape, data })
 }
 
-pub fn write_npy(path: &Path, t: &Tensor) -> Result<(), String> {
+pub fn write_npy(path: &Path, shape: &[u64], data: &[f16]) -> Result<(), String> {
     let mut buf = Vec::new();
     let mut w = npyz::WriteOptions::<f16>::new()
         .default_dtype()
-        .shape(&t.shape)
+        .shape(shape)
         .writer(&mut buf)
         .begin_nd()
         .map_err(|e| e.to_string())?;
-    w.extend(t.data.iter().copied())
-        .map_err(|e| e.to_string())?;
+    w.extend(data.iter().copied()).map_err(|e| e.to_string())?;
     w.finish().map_err(|e| e.to_string())?;
     std::fs::write(path, buf).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-pub fn run(mut args: impl Iterator<Item = String>) -> Result<(), String> {
-    let kernel = args.next().ok_or("check needs a kernel name")?;
-    let mut inputs: HashMap<String, PathBuf> = HashMap::new();
-    let (mut eps, mut out_dir, mut backend) = (1e-5f32, PathBuf::from("."), Choice::Auto);
-    while let Some(a) = args.next() {
-        let mut val = || args.next().ok_or(format!("{a} needs a value"));
-        match a.as_str() {
+struct Args {
+    kernel: String,
+    inputs: HashMap<String, PathBuf>,
+    eps: f32,
+    heads: Option<usize>,
+    tanh: bool,
+    out_dir: PathBuf,
+    backend: Choice,
+}
+
+impl Args {
+    fn f16(&self, name: &str) -> Result<Tensor<f16>, String> {
+        read_npy(self.path(name)?)
+    }
+    fn i32(&self, name: &str) -> Result<Tensor<i32>, String> {
+        read_npy(self.path(name)?)
+    }
+    fn path(&self, name: &str) -> Result<&PathBuf, String> {
+        self.inputs
+            .get(name)
+            .ok_or(format!("{} needs --in {name}=PATH", self.kernel))
+    }
+    fn has(&self, name: &str) -> bool {
+        self.inputs.contains_key(name)
+    }
+    fn write(&self, name: &str, shape: &[u64], data: &[f16]) -> Result<(), String> {
+        write_npy(&self.out_dir.join(format!("{name}.npy")), shape, data)
+    }
+}
+
+fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut a = Args {
+        kernel: it.next().ok_or("check needs a kernel name")?,
+        inputs: HashMap::new(),
+        eps: 1e-5,
+        heads: None,
+        tanh: false,
+        out_dir: PathBuf::from("."),
+        backend: Choice::Auto,
+    };
+    while let Some(s) = it.next() {
+        let mut val = || it.next().ok_or(format!("{s} needs a value"));
+        match s.as_str() {
             "--in" => {
                 let v = val()?;
                 let (k, p) = v.split_once('=').ok_or("--in takes NAME=PATH")?;
-                inputs.insert(k.to_string(), p.into());
+                a.inputs.insert(k.to_string(), p.into());
             }
-            "--eps" => eps = val()?.parse().map_err(|e| format!("--eps: {e}"))?,
-            "--out-dir" => out_dir = val()?.into(),
+            "--eps" => a.eps = val()?.parse().map_err(|e| format!("--eps: {e}"))?,
+            "--heads" => a.heads = Some(val()?.parse().map_err(|e| format!("--heads: {e}"))?),
+            "--tanh" => a.tanh = true,
+            "--out-dir" => a.out_dir = val()?.into(),
             "--backend" => {
                 let v = val()?;
-                backend = Choice::parse(&v).ok_or(format!("unknown backend {v}"))?;
+                a.backend = Choice::parse(&v).ok_or(format!("unknown backend {v}"))?;
             }
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    let dev = Device::open(backend).map_err(|e| e.to_string())?;
-    let load = |name: &str| -> Result<Tensor, String> {
-        read_npy(
-            inputs
-                .get(name)
-                .ok_or(format!("{kernel} needs --in {name}=PATH"))?,
-        )
-    };
-    std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
+    Ok(a)
+}
+
+fn width(t: &Tensor<f16>, what: &str) -> Result<usize, String> {
+    t.shape
+        .last()
+        .map(|&w| w as usize)
+        .ok_or(format!("{what} must have at least one axis"))
+}
+
+/// gamma and beta on the device.
+type GammaBeta = (DeviceBuffer<f16>, DeviceBuffer<f16>);
+
+/// Optional gamma/beta uploaded.
+fn affine(a: &Args, dev: &Device) -> Result<Option<GammaBeta>, String> {
+    if !a.has("gamma") {
+        return Ok(None);
+    }
     let e = |e: wavefuse::Error| e.to_string();
-    match kernel.as_str() {
+    let (g, b) = (a.f16("gamma")?, a.f16("beta")?);
+    Ok(Some((
+        dev.upload(&g.data).map_err(e)?,
+        dev.upload(&b.data).map_err(e)?,
+    )))
+}
+
+pub fn run(args: impl Iterator<Item = String>) -> Result<(), String> {
+    let a = parse(args)?;
+    let dev = Device::open(a.backend).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&a.out_dir).map_err(|e| e.to_string())?;
+    let e = |e: wavefuse::Error| e.to_string();
+    let gb = affine(&a, &dev)?;
+    let views = gb.as_ref().map(|(g, b)| (g.view(), b.view()));
+    let aff = views.as_ref().map(|(gamma, beta)| Affine { gamma, beta });
+    match a.kernel.as_str() {
         "layer_norm" => {
-            let x = load("x")?;
-            let width = *x.shape.last().ok_or("x must have at least one axis")? as usize;
+            let x = a.f16("x")?;
             let xd = dev.upload(&x.data).map_err(e)?;
             let mut y = dev.alloc::<f16>(x.data.len()).map_err(e)?;
-            if inputs.contains_key("gamma") {
-                let (g, b) = (load("gamma")?, load("beta")?);
-                let (gd, bd) = (
-                    dev.upload(&g.data).map_err(e)?,
-                    dev.upload(&b.data).map_err(e)?,
-                );
-                let (gv, bv) = (gd.view(), bd.view());
-                layer_norm(
-                    &dev,
-                    &xd.view(),
-                    &mut y.view_mut(),
-                    width,
-                    Some(Affine {
-                        gamma: &gv,
-                        beta: &bv,
-                    }),
-                    eps,
-                )
-                .map_err(e)?;
+            layer_norm(
+                &dev,
+                &xd.view(),
+                &mut y.view_mut(),
+                width(&x, "x")?,
+                aff,
+                a.eps,
+            )
+            .map_err(e)?;
+            a.write("y", &x.shape, &y.download().map_err(e)?)?;
+        }
+        "add_layer_norm" => {
+            let (r, b) = (a.f16("residual")?, a.f16("branch")?);
+            let (rd, bd) = (
+                dev.upload(&r.data).map_err(e)?,
+                dev.upload(&b.data).map_err(e)?,
+            );
+            let mut ro = dev.alloc::<f16>(r.data.len()).map_err(e)?;
+            let mut y = dev.alloc::<f16>(r.data.len()).map_err(e)?;
+            let w = width(&r, "residual")?;
+            add_layer_norm_to(
+                &dev,
+                &rd.view(),
+                &bd.view(),
+                &mut ro.view_mut(),
+                &mut y.view_mut(),
+                w,
+                aff,
+                a.eps,
+            )
+            .map_err(e)?;
+            a.write("residual_out", &r.shape, &ro.download().map_err(e)?)?;
+            a.write("y", &r.shape, &y.download().map_err(e)?)?;
+        }
+        "gather" | "layer_norm_gather" => {
+            let (src, idx) = (a.f16("src")?, a.i32("idx")?);
+            let c = width(&src, "src")?;
+            let n_src = src.data.len() / c.max(1);
+            let plan = GatherPlan::new(&dev, &idx.data, n_src).map_err(e)?;
+            let sd = dev.upload(&src.data).map_err(e)?;
+            let mut out = dev.alloc::<f16>(idx.data.len() * c).map_err(e)?;
+            if a.kernel == "gather" {
+                gather(&dev, &plan, &sd.view(), &mut out.view_mut(), c).map_err(e)?;
             } else {
-                layer_norm(&dev, &xd.view(), &mut y.view_mut(), width, None, eps).map_err(e)?;
+                layer_norm_gather(&dev, &plan, &sd.view(), &mut out.view_mut(), c, aff, a.eps)
+                    .map_err(e)?;
             }
-            let data = y.download().map_err(e)?;
-            write_npy(
-                &out_dir.join("y.npy"),
-                &Tensor {
-                    shape: x.shape,
-                    data,
-                },
+            a.write(
+                "out",
+                &[idx.data.len() as u64, c as u64],
+                &out.download().map_err(e)?,
             )?;
+        }
+        "bias_gelu" => {
+            let (x, b) = (a.f16("x")?, a.f16("bias")?);
+            let (xd, bd) = (
+                dev.upload(&x.data).map_err(e)?,
+                dev.upload(&b.data).map_err(e)?,
+            );
+            let mut y = dev.alloc::<f16>(x.data.len()).map_err(e)?;
+            let mode = if a.tanh {
+                GeluMode::Tanh
+            } else {
+                GeluMode::Erf
+            };
+            let bv = bd.view();
+            bias_gelu(
+                &dev,
+                &xd.view(),
+                GeluBias::F16(&bv),
+                &mut y.view_mut(),
+                width(&x, "x")?,
+                mode,
+            )
+            .map_err(e)?;
+            a.write("y", &x.shape, &y.download().map_err(e)?)?;
+        }
+        "qkv_split" => {
+            let x = a.f16("qkv")?;
+            let heads = a.heads.ok_or("qkv_split needs --heads H")?;
+            let p = QkvSplit::new(heads);
+            let xd = dev.upload(&x.data).map_err(e)?;
+            let n = x.data.len() / 3;
+            let (mut q, mut k, mut v) = (
+                dev.alloc::<f16>(n).map_err(e)?,
+                dev.alloc::<f16>(n).map_err(e)?,
+                dev.alloc::<f16>(n).map_err(e)?,
+            );
+            qkv_split(
+                &dev,
+                &xd.view(),
+                None,
+                &mut q.view_mut(),
+                &mut k.view_mut(),
+                &mut v.view_mut(),
+                &p,
+            )
+            .map_err(e)?;
+            let windows = (n / (heads * p.tokens_per_window * p.head_dim).max(1)) as u64;
+            let shape = [
+                windows,
+                heads as u64,
+                p.tokens_per_window as u64,
+                p.head_dim as u64,
+            ];
+            a.write("q", &shape, &q.download().map_err(e)?)?;
+            a.write("k", &shape, &k.download().map_err(e)?)?;
+            a.write("v", &shape, &v.download().map_err(e)?)?;
+        }
+        "bias_mask_add" | "bias_mask_softmax" => {
+            let (s, bias, types) = (a.f16("scores")?, a.f16("bias")?, a.i32("types")?);
+            if s.shape.len() != 4 || bias.shape.len() != 4 {
+                return Err("scores and bias must be 4-D: [windows|types, heads, T, T]".into());
+            }
+            let (heads, t) = (s.shape[1] as usize, s.shape[3] as usize);
+            let ty = WindowTable::new(&dev, &types.data, bias.shape[0] as usize).map_err(e)?;
+            let bd = dev.upload(&bias.data).map_err(e)?;
+            let mask = if a.has("mask") {
+                let (m, sl) = (a.f16("mask")?, a.i32("slots")?);
+                let n_slots = m.shape.first().copied().unwrap_or(0) as usize;
+                Some((
+                    dev.upload(&m.data).map_err(e)?,
+                    WindowTable::new(&dev, &sl.data, n_slots).map_err(e)?,
+                ))
+            } else {
+                None
+            };
+            let mv = mask.as_ref().map(|(m, _)| m.view());
+            let bv = bd.view();
+            let ab = AttnBias {
+                bias: &bv,
+                ty: &ty,
+                mask: match (&mv, &mask) {
+                    (Some(m), Some((_, slot))) => Some(AttnMask { mask: m, slot }),
+                    _ => None,
+                },
+            };
+            let mut sd = dev.upload(&s.data).map_err(e)?;
+            if a.kernel == "bias_mask_add" {
+                bias_mask_add(&dev, &mut sd.view_mut(), heads, t, &ab).map_err(e)?;
+                a.write("scores", &s.shape, &sd.download().map_err(e)?)?;
+            } else {
+                let mut p = dev.alloc::<f16>(s.data.len()).map_err(e)?;
+                bias_mask_softmax(&dev, &sd.view(), &mut p.view_mut(), heads, t, &ab).map_err(e)?;
+                a.write("probs", &s.shape, &p.download().map_err(e)?)?;
+            }
         }
         other => return Err(format!("check: unknown kernel {other}")),
     }
     eprintln!(
-        "check {kernel} on {}: outputs in {}",
+        "check {} on {}: outputs in {}",
+        a.kernel,
         dev.info().name,
-        out_dir.display()
+        a.out_dir.display()
     );
     Ok(())
 }
@@ -127,21 +324,18 @@ mod tests {
 
     #[test]
     fn npy_round_trip_keeps_shape_and_bits() {
-        let t = Tensor {
-            shape: vec![2, 3],
-            data: [1.5, -0.0, 65504.0, f32::NAN, 1e-7, -3.25]
-                .map(f16::from_f32)
-                .to_vec(),
-        };
+        let data = [1.5, -0.0, 65504.0, f32::NAN, 1e-7, -3.25]
+            .map(f16::from_f32)
+            .to_vec();
         let p = std::env::temp_dir().join(format!("wavefuse-npy-{}.npy", std::process::id()));
-        write_npy(&p, &t).expect("write");
-        let r = read_npy(&p).expect("read");
+        write_npy(&p, &[2, 3], &data).expect("write");
+        let r: Tensor<f16> = read_npy(&p).expect("read");
         let _ = std::fs::remove_file(&p);
-        assert_eq!(r.shape, t.shape);
+        assert_eq!(r.shape, vec![2, 3]);
         assert!(
             r.data
                 .iter()
-                .zip(&t.data)
+                .zip(&data)
                 .all(|(a, b)| a.to_bits() == b.to_bits())
         );
     }

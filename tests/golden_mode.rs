@@ -1,0 +1,180 @@
+//! Golden mode end to end: `.npy` inputs in, the harness binary's `check`
+//! subcommand on the emulator, `.npy` outputs compared with the oracles.
+use half::f16;
+use npyz::WriterBuilder;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use wavefuse_suite::oracle;
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wavefuse-golden-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn save<T: npyz::Serialize + npyz::AutoSerialize + Copy>(p: &Path, shape: &[u64], data: &[T]) {
+    let mut buf = Vec::new();
+    let mut w = npyz::WriteOptions::<T>::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(&mut buf)
+        .begin_nd()
+        .expect("npy header");
+    w.extend(data.iter().copied()).expect("npy data");
+    w.finish().expect("npy finish");
+    std::fs::write(p, buf).expect("write npy");
+}
+
+fn load(p: &Path) -> (Vec<u64>, Vec<f16>) {
+    let bytes = std::fs::read(p).expect("read npy");
+    let f = npyz::NpyFile::new(&bytes[..]).expect("npy");
+    let shape = f.shape().to_vec();
+    (shape, f.into_vec::<f16>().expect("f16 data"))
+}
+
+fn check(kernel: &str, d: &Path, args: &[&str]) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_wavefuse-suite"));
+    c.args(["check", kernel, "--backend", "cpu", "--out-dir"])
+        .arg(d)
+        .args(args);
+    let out = c.output().expect("run wavefuse-suite");
+    assert!(
+        out.status.success(),
+        "{kernel}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn halves(n: usize, seed: u32) -> Vec<f16> {
+    (0..n)
+        .map(|i| {
+            f16::from_f32(
+                (((i as u32).wrapping_mul(2654435761) ^ seed) % 2000) as f32 / 250.0 - 4.0,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn layer_norm_from_npy() {
+    let d = dir("ln");
+    let x = halves(5 * 384, 1);
+    save(&d.join("x.npy"), &[5, 384], &x);
+    let xa = format!("x={}", d.join("x.npy").display());
+    check("layer_norm", &d, &["--in", &xa]);
+    let (shape, y) = load(&d.join("y.npy"));
+    assert_eq!(shape, vec![5, 384]);
+    for r in 0..5 {
+        let want = oracle::layer_norm_row(&x[r * 384..(r + 1) * 384], None, None, 1e-5);
+        for (g, w) in y[r * 384..(r + 1) * 384].iter().zip(&want) {
+            assert!(
+                (g.to_f64() - w).abs() <= 2e-3 * w.abs().max(1.0),
+                "{g} vs {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn gather_from_npy() {
+    let d = dir("gather");
+    let src = halves(4 * 192, 2);
+    let idx: Vec<i32> = vec![3, -1, 0, 0, 2];
+    save(&d.join("src.npy"), &[4, 192], &src);
+    save(&d.join("idx.npy"), &[5], &idx);
+    let (s, i) = (
+        format!("src={}", d.join("src.npy").display()),
+        format!("idx={}", d.join("idx.npy").display()),
+    );
+    check("gather", &d, &["--in", &s, "--in", &i]);
+    let (shape, out) = load(&d.join("out.npy"));
+    assert_eq!(shape, vec![5, 192]);
+    for (t, &k) in idx.iter().enumerate() {
+        let row = &out[t * 192..(t + 1) * 192];
+        if k < 0 {
+            assert!(row.iter().all(|v| v.to_bits() == 0));
+        } else {
+            assert_eq!(row, &src[k as usize * 192..(k as usize + 1) * 192]);
+        }
+    }
+}
+
+#[test]
+fn qkv_split_from_npy() {
+    let d = dir("qkv");
+    let heads = 2;
+    let c = heads * 32;
+    let x = halves(144 * 3 * c, 3);
+    save(&d.join("qkv.npy"), &[144, 3 * c as u64], &x);
+    let a = format!("qkv={}", d.join("qkv.npy").display());
+    check("qkv_split", &d, &["--in", &a, "--heads", "2"]);
+    let (shape, k) = load(&d.join("k.npy"));
+    assert_eq!(shape, vec![1, 2, 144, 32]);
+    // k[0, h, t, d] = x[t, C + h*32 + d]
+    for t in [0usize, 77, 143] {
+        for h in 0..heads {
+            for dd in [0usize, 31] {
+                assert_eq!(k[(h * 144 + t) * 32 + dd], x[t * 3 * c + c + h * 32 + dd]);
+            }
+        }
+    }
+}
+
+#[test]
+fn bias_mask_softmax_from_npy() {
+    let d = dir("softmax");
+    let (w, h, t) = (2usize, 1usize, 144usize);
+    let s = halves(w * h * t * t, 4);
+    let bias = halves(h * t * t, 5);
+    save(
+        &d.join("s.npy"),
+        &[w as u64, h as u64, t as u64, t as u64],
+        &s,
+    );
+    save(&d.join("b.npy"), &[1, h as u64, t as u64, t as u64], &bias);
+    save(&d.join("ty.npy"), &[w as u64], &[0i32, 0]);
+    let arg = |k: &str, f: &str| format!("{k}={}", d.join(f).display());
+    let (a1, a2, a3) = (
+        arg("scores", "s.npy"),
+        arg("bias", "b.npy"),
+        arg("types", "ty.npy"),
+    );
+    check(
+        "bias_mask_softmax",
+        &d,
+        &["--in", &a1, "--in", &a2, "--in", &a3],
+    );
+    let (_, p) = load(&d.join("probs.npy"));
+    for row in [0usize, 143, 200] {
+        let z: Vec<f64> = (0..t)
+            .map(|j| s[row * t + j].to_f64() + bias[(row % t) * t + j].to_f64())
+            .collect();
+        let want = oracle::softmax_row(&z);
+        for (g, wv) in p[row * t..(row + 1) * t].iter().zip(&want) {
+            assert!(
+                (g.to_f64() - wv).abs() <= 1e-3 * wv.max(1e-4),
+                "{g} vs {wv}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_are_reported_not_panicked() {
+    let d = dir("bad");
+    let out = Command::new(env!("CARGO_BIN_EXE_wavefuse-suite"))
+        .args([
+            "check",
+            "layer_norm",
+            "--backend",
+            "cpu",
+            "--in",
+            "x=/nonexistent.npy",
+            "--out-dir",
+        ])
+        .arg(&d)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nonexistent"));
+}
