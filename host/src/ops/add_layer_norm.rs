@@ -152,20 +152,7 @@ fn run(
         c.disjoint(&res, "residual", &ys, "y")?;
     }
     c.finite_nonneg(eps, "eps")?;
-    let (g, b) = match affine {
-        Some(a) => {
-            let (gs, bs) = (Span::from(a.gamma), Span::from(a.beta));
-            for (s, n) in [(&gs, "gamma"), (&bs, "beta")] {
-                c.same_device(s, n)?;
-                c.len(s, n, width)?;
-                c.aligned(s, n)?;
-                c.disjoint(s, n, &ys, "y")?;
-                c.disjoint(s, n, &rout, rout_name)?;
-            }
-            (gs.ptr, bs.ptr)
-        }
-        None => (0, 0),
-    };
+    let (g, b) = Affine::check(affine, &c, width, &[(&ys, "y"), (&rout, rout_name)])?;
     let grid = c.grid(rows, layout.blocks_for(rows))?;
     let l = Launch {
         grid: (grid, 1),

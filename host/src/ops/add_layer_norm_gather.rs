@@ -89,20 +89,7 @@ pub fn add_layer_norm_gather(
         });
     }
     c.finite_nonneg(eps, "eps")?;
-    let (g, b) = match affine {
-        Some(a) => {
-            let (gs, bts) = (Span::from(a.gamma), Span::from(a.beta));
-            for (s, n) in [(&gs, "gamma"), (&bts, "beta")] {
-                c.same_device(s, n)?;
-                c.len(s, n, width)?;
-                c.aligned(s, n)?;
-                c.disjoint(s, n, &os, "out")?;
-                c.disjoint(s, n, &rs, "residual")?;
-            }
-            (gs.ptr, bts.ptr)
-        }
-        None => (0, 0),
-    };
+    let (g, b) = Affine::check(affine, &c, width, &[(&os, "out"), (&rs, "residual")])?;
     let n_out = plan.len();
     let grid = c.grid(n_out, layout.blocks_for(n_out))?;
     let l = Launch {

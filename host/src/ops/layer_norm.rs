@@ -21,6 +21,32 @@ pub struct Affine<'a, 'b> {
     pub beta: &'b View<'b, f16>,
 }
 
+impl Affine<'_, '_> {
+    /// Checks gamma and beta (this device, `width` long, 16-byte aligned,
+    /// disjoint from every output) and returns their device addresses;
+    /// `(0, 0)` without affine.
+    pub(crate) fn check(
+        affine: Option<Affine<'_, '_>>,
+        c: &Check<'_>,
+        width: usize,
+        outputs: &[(&Span, &'static str)],
+    ) -> Result<(u64, u64)> {
+        let Some(a) = affine else {
+            return Ok((0, 0));
+        };
+        let (gs, bs) = (Span::from(a.gamma), Span::from(a.beta));
+        for (s, n) in [(&gs, "gamma"), (&bs, "beta")] {
+            c.same_device(s, n)?;
+            c.len(s, n, width)?;
+            c.aligned(s, n)?;
+            for (o, on) in outputs {
+                c.disjoint(s, n, o, on)?;
+            }
+        }
+        Ok((gs.ptr, bs.ptr))
+    }
+}
+
 /// The kernel entry point for a width (`None` when unsupported).
 pub(crate) fn kernel_name(width: usize, affine: bool) -> Option<&'static str> {
     Some(match (width, affine) {
@@ -69,19 +95,7 @@ pub fn layer_norm(
     c.aligned(&ys, "y")?;
     c.disjoint(&xs, "x", &ys, "y")?;
     c.finite_nonneg(eps, "eps")?;
-    let (g, b) = match affine {
-        Some(a) => {
-            let (gs, bs) = (Span::from(a.gamma), Span::from(a.beta));
-            for (s, n) in [(&gs, "gamma"), (&bs, "beta")] {
-                c.same_device(s, n)?;
-                c.len(s, n, width)?;
-                c.aligned(s, n)?;
-                c.disjoint(s, n, &ys, "y")?;
-            }
-            (gs.ptr, bs.ptr)
-        }
-        None => (0, 0),
-    };
+    let (g, b) = Affine::check(affine, &c, width, &[(&ys, "y")])?;
     let grid = c.grid(rows, layout.blocks_for(rows))?;
     let l = Launch {
         grid: (grid, 1),

@@ -62,19 +62,7 @@ pub fn layer_norm_gather(
     let (ss, os) = (Span::from(src), Span::from(&*out));
     let table = check_plan(&c, plan, &ss, &os, width)?;
     c.finite_nonneg(eps, "eps")?;
-    let (g, b) = match affine {
-        Some(a) => {
-            let (gs, bs) = (Span::from(a.gamma), Span::from(a.beta));
-            for (s, n) in [(&gs, "gamma"), (&bs, "beta")] {
-                c.same_device(s, n)?;
-                c.len(s, n, width)?;
-                c.aligned(s, n)?;
-                c.disjoint(s, n, &os, "out")?;
-            }
-            (gs.ptr, bs.ptr)
-        }
-        None => (0, 0),
-    };
+    let (g, b) = Affine::check(affine, &c, width, &[(&os, "out")])?;
     let n_out = plan.len();
     let grid = c.grid(n_out, layout.blocks_for(n_out))?;
     let l = Launch {
