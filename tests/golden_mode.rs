@@ -32,8 +32,16 @@ fn load(p: &Path) -> (Vec<u64>, Vec<f16>) {
     (shape, f.into_vec::<f16>().expect("f16 data"))
 }
 
+/// The harness binary: cargo's build of it, or `WAVEFUSE_SUITE_BIN` where
+/// the test runs from the GPU bundle (away from the build tree).
+fn suite_bin() -> PathBuf {
+    std::env::var_os("WAVEFUSE_SUITE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_wavefuse-suite")))
+}
+
 fn check(kernel: &str, d: &Path, args: &[&str]) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_wavefuse-suite"));
+    let mut c = Command::new(suite_bin());
     c.args(["check", kernel, "--backend", "cpu", "--out-dir"])
         .arg(d)
         .args(args);
@@ -162,7 +170,7 @@ fn bias_mask_softmax_from_npy() {
 #[test]
 fn bad_inputs_are_reported_not_panicked() {
     let d = dir("bad");
-    let out = Command::new(env!("CARGO_BIN_EXE_wavefuse-suite"))
+    let out = Command::new(suite_bin())
         .args([
             "check",
             "layer_norm",

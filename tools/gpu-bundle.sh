@@ -32,6 +32,7 @@ cat > bundle/run.sh <<'RUN'
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 all_args="$*"
+export WAVEFUSE_SUITE_BIN="$here/bin/wavefuse-suite"  # for the golden-mode tests
 out="${1:?usage: run.sh OUTDIR [PHASES] [full|quick|nopeers] [PEER_FLAGS...]}"; phase="${2:-suite,sanitize,bench}"; mode="${3:-full}"
 has() { [[ ",$phase," == *",$1,"* ]]; }
 shift $(( $# < 3 ? $# : 3 )); peer_flags=("$@")
