@@ -25,6 +25,10 @@ for line in sys.stdin:
         shutil.copy(m["executable"], "bundle/bin/" + prefix + name)
 '
 strip bundle/bin/* 2>/dev/null || true
+# The PTX the release build embedded, for the profile phase (ptxas -v, SASS).
+mkdir -p bundle/ptx
+tr -d '\000' < "$(ls -t target/release/build/wavefuse-*/out/wavefuse_sm_90.ptx | head -1)" > bundle/ptx/wavefuse_sm_90.ptx
+cp tools/gpu-profile.sh bundle/profile.sh
 cp benches/*.py bundle/ 2>/dev/null || true
 cat > bundle/run.sh <<'RUN'
 #!/usr/bin/env bash
@@ -33,7 +37,7 @@ set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 all_args="$*"
 export WAVEFUSE_SUITE_BIN="$here/bin/wavefuse-suite"  # for the golden-mode tests
-out="${1:?usage: run.sh OUTDIR [PHASES] [full|quick|nopeers] [PEER_FLAGS...]}"; phase="${2:-suite,sanitize,bench}"; mode="${3:-full}"
+out="${1:?usage: run.sh OUTDIR [PHASES: suite,sanitize,profile,bench] [full|quick|nopeers] [PEER_FLAGS...]}"; phase="${2:-suite,sanitize,bench}"; mode="${3:-full}"
 has() { [[ ",$phase," == *",$1,"* ]]; }
 shift $(( $# < 3 ? $# : 3 )); peer_flags=("$@")
 mkdir -p "$out"
@@ -64,8 +68,12 @@ if has sanitize && command -v compute-sanitizer >/dev/null; then
     done
   done
 fi
+if has profile; then
+  "$here/profile.sh" "$out/profile" "${WAVEFUSE_PROFILE_KERNELS:-}"
+fi
 if has bench; then
 args=(); [ "$mode" = quick ] && args=(--reps 30)
+[ -n "${WAVEFUSE_BENCH_ONLY:-}" ] && args+=(--only "$WAVEFUSE_BENCH_ONLY")  # one kernel family
 "$here/bin/wavefuse-suite" --backend cuda --out "$out/harness" "${args[@]}" 2>"$out/harness.err" | tee "$out/harness.txt"
 if [ -x "$here/bin/bench-host_costs" ]; then
   "$here/bin/bench-host_costs" --bench --warm-up-time 1 --measurement-time 3 > "$out/criterion.txt" 2>&1

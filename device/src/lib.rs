@@ -21,7 +21,7 @@
         gpu_launch_sized_workgroup_mem
     )
 )]
-#![cfg_attr(target_arch = "amdgpu", feature(stdarch_amdgpu))]
+#![cfg_attr(target_arch = "amdgpu", feature(stdarch_amdgpu, link_llvm_intrinsics))]
 #![cfg_attr(target_arch = "nvptx64", feature(stdarch_nvptx, link_llvm_intrinsics))]
 
 #[cfg(not(any(target_arch = "amdgpu", target_arch = "nvptx64")))]

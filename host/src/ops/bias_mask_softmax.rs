@@ -19,7 +19,7 @@ use crate::buffer::{Span, View, ViewMut};
 use crate::device::Device;
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_device::kernels::{SOFTMAX_BLOCK, SOFTMAX_LANES, SOFTMAX_T};
+use wavefuse_device::kernels::{SOFTMAX_BLOCK, SOFTMAX_ROWS, SOFTMAX_SHARED_BYTES, SOFTMAX_T};
 
 /// Row lengths (tokens per window) with a kernel.
 pub const SOFTMAX_TOKENS: [usize; 1] = [SOFTMAX_T as usize];
@@ -41,7 +41,7 @@ fn launch(
     }
     let a = check_attn(c, s, &[(p, "probs")], heads, tokens, ab)?;
     let rows = a.windows * heads * tokens;
-    let per_block = (SOFTMAX_BLOCK / SOFTMAX_LANES) as usize;
+    let per_block = SOFTMAX_ROWS as usize;
     if rows > (u32::MAX - SOFTMAX_BLOCK) as usize {
         return Err(Error::TooLarge {
             op: c.op,
@@ -53,7 +53,7 @@ fn launch(
     let l = Launch {
         grid: (grid, 1),
         block: SOFTMAX_BLOCK,
-        shared_bytes: 0,
+        shared_bytes: SOFTMAX_SHARED_BYTES,
     };
     let args = [
         Arg::Ptr(s.ptr),
