@@ -231,14 +231,26 @@ fn vector_and_scalar_paths_agree_bit_for_bit() {
             ));
         }
     }
-    for (name, o) in &outs[1..] {
+    // Within a backend the two paths agree bit for bit. Across backends the
+    // GPUs' hardware reciprocal and exp2 may move a result by one f16 ulp
+    // (the emulator uses exact division and libm's exp2).
+    for pair in outs.chunks(2) {
+        let [(na, a), (nb, b)] = pair else {
+            panic!("two offsets per device")
+        };
         assert!(
-            o.iter()
-                .zip(&outs[0].1)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{name} differs from {}",
-            outs[0].0
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{nb} differs from {na}"
         );
+    }
+    for (name, o) in &outs[2..] {
+        let worst = o
+            .iter()
+            .zip(&outs[0].1)
+            .map(|(a, b)| (a.to_bits() as i32 - b.to_bits() as i32).abs())
+            .max()
+            .unwrap_or(0);
+        assert!(worst <= 1, "{name}: {worst} ulp from {}", outs[0].0);
     }
 }
 

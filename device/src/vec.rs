@@ -25,6 +25,36 @@ pub unsafe fn load8(p: *const u16) -> [f32; 8] {
     out
 }
 
+#[cfg(target_arch = "nvptx64")]
+#[repr(simd)]
+#[derive(Clone, Copy)]
+struct H2([f16; 2]);
+
+#[cfg(target_arch = "nvptx64")]
+#[repr(simd)]
+#[derive(Clone, Copy)]
+struct F2([f32; 2]);
+
+/// Two `f32` rounded to halves (nearest-even), `lo` in the low 16 bits: one
+/// `cvt.rn.f16x2.f32` on NVIDIA (two conversions and a byte permute
+/// otherwise).
+#[inline(always)]
+pub fn pack2(lo: f32, hi: f32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        // SAFETY: an element-wise f32 -> f16 conversion of a two-lane
+        // vector (`fptrunc <2 x float>`); H2 and u32 are both 4 bytes.
+        unsafe {
+            let h: H2 = core::intrinsics::simd::simd_cast(F2([lo, hi]));
+            core::mem::transmute::<H2, u32>(h)
+        }
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        u32::from((lo as f16).to_bits()) | (u32::from((hi as f16).to_bits()) << 16)
+    }
+}
+
 /// Rounds eight `f32` to halves (nearest-even) and stores them at `p`.
 ///
 /// # Safety
@@ -32,8 +62,8 @@ pub unsafe fn load8(p: *const u16) -> [f32; 8] {
 #[inline(always)]
 pub unsafe fn store8(p: *mut u16, v: [f32; 8]) {
     let mut w = [0u32; 4];
-    for (i, x) in v.iter().enumerate() {
-        w[i / 2] |= u32::from((*x as f16).to_bits()) << (16 * (i % 2));
+    for (i, w) in w.iter_mut().enumerate() {
+        *w = pack2(v[2 * i], v[2 * i + 1]);
     }
     // SAFETY: caller contract.
     unsafe { core::ptr::write(p.cast::<V8>(), V8(w)) }

@@ -37,6 +37,45 @@ fn butterfly_exchanges_values_between_lanes() {
 }
 
 #[test]
+fn indexed_exchange_reads_the_named_lane() {
+    for wave in [32, 64] {
+        let bad = AtomicU32::new(0);
+        launch(&cfg(128, wave), &|| {
+            let lane = gpu::thread_id() % wave;
+            // Each lane reads a different, non-butterfly source.
+            let src = (lane * 7 + 3) % wave;
+            if gpu::shfl_idx_u32(lane * 10, src) != src * 10 {
+                bad.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+        .expect("clean launch");
+        assert_eq!(bad.load(Ordering::Relaxed), 0, "wave{wave}");
+    }
+}
+
+#[test]
+fn indexed_exchange_past_the_wave_or_mixed_with_xor_is_divergent() {
+    let past = launch(&cfg(64, 32), &|| {
+        gpu::shfl_idx_u32(1, gpu::thread_id() % 32 + 1);
+    });
+    assert!(
+        matches!(past, Err(EmuError::DivergentCollective { .. })),
+        "{past:?}"
+    );
+    let mixed = launch(&cfg(64, 64), &|| {
+        if gpu::thread_id() < 8 {
+            gpu::shfl_xor_u32(1, 1);
+        } else {
+            gpu::shfl_idx_u32(1, 0);
+        }
+    });
+    assert!(
+        matches!(mixed, Err(EmuError::DivergentCollective { .. })),
+        "{mixed:?}"
+    );
+}
+
+#[test]
 fn barrier_orders_workgroup_memory() {
     let bad = AtomicU32::new(0);
     launch(&cfg(256, 64), &|| {

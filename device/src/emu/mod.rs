@@ -116,6 +116,13 @@ pub enum Op {
         /// Lane mask (`src = lane ^ mask`).
         mask: u32,
     },
+    /// Indexed exchange within the wave: every lane reads lane `src`'s value.
+    ShflIdx {
+        /// This lane's contribution.
+        value: u32,
+        /// Source lane (below the wave size).
+        src: u32,
+    },
     /// The thread trapped; it is never resumed.
     Trap,
 }

@@ -193,19 +193,30 @@ fn resolve_wave(
     w: u32,
     lanes: &mut [State],
 ) -> Result<bool, EmuError> {
-    let first_mask = lanes.iter().find_map(|s| match s {
-        State::Waiting(Op::ShflXor { mask, .. }) => Some(*mask),
+    // The first waiting lane names the exchange (xor with its mask, or
+    // indexed); every lane of the wave must wait at the same kind.
+    let first = lanes.iter().find_map(|s| match s {
+        State::Waiting(Op::ShflXor { mask, .. }) => Some(Some(*mask)),
+        State::Waiting(Op::ShflIdx { .. }) => Some(None),
         _ => None,
     });
-    let Some(mask) = first_mask else {
+    let Some(xor_mask) = first else {
         return Ok(false);
     };
     let mut exited = 0;
     let mut values = [0u32; 64];
+    let mut srcs = [0u32; 64];
     for (l, s) in lanes.iter().enumerate() {
-        match *s {
-            State::Waiting(Op::ShflXor { value, mask: m }) if m == mask => values[l] = value,
-            State::Done => exited += 1,
+        match (*s, xor_mask) {
+            (State::Waiting(Op::ShflXor { value, mask: m }), Some(mask)) if m == mask => {
+                values[l] = value;
+                srcs[l] = l as u32 ^ mask;
+            }
+            (State::Waiting(Op::ShflIdx { value, src }), None) => {
+                values[l] = value;
+                srcs[l] = src;
+            }
+            (State::Done, _) => exited += 1,
             _ => return Err(EmuError::DivergentCollective { block, wave: w }),
         }
     }
@@ -216,11 +227,11 @@ fn resolve_wave(
             exited,
         });
     }
-    if mask >= cfg.wave {
+    if srcs[..lanes.len()].iter().any(|&s| s >= cfg.wave) {
         return Err(EmuError::DivergentCollective { block, wave: w });
     }
     for (l, s) in lanes.iter_mut().enumerate() {
-        *s = State::Ready(values[l ^ mask as usize]);
+        *s = State::Ready(values[srcs[l] as usize]);
     }
     Ok(true)
 }

@@ -47,6 +47,12 @@ pub fn shfl_xor_u32(v: u32, mask: u32) -> u32 {
 }
 
 #[inline(always)]
+pub fn shfl_idx_u32(v: u32, src: u32) -> u32 {
+    // SAFETY: as for `shfl_xor_u32`; `src` < 64 (facade contract).
+    unsafe { a::ds_bpermute(src << 2, v) }
+}
+
+#[inline(always)]
 pub fn workgroup_mem<T>() -> *mut T {
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<T>()
 }

@@ -32,6 +32,11 @@ pub fn shfl_xor_u32(v: u32, mask: u32) -> u32 {
 }
 
 #[inline(always)]
+pub fn shfl_idx_u32(v: u32, src: u32) -> u32 {
+    emu::collective(emu::Op::ShflIdx { value: v, src })
+}
+
+#[inline(always)]
 pub fn workgroup_mem<T>() -> *mut T {
     emu::workgroup_mem::<T>()
 }

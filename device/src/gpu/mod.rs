@@ -100,6 +100,19 @@ pub fn group_max<const LANES: u32>(mut v: f32) -> f32 {
     v
 }
 
+/// Lane `src`'s `v` (an indexed exchange within the wave). Every lane of
+/// the wave must call it together, each with `src` below the wave size.
+#[inline(always)]
+pub fn shfl_idx_u32(v: u32, src: u32) -> u32 {
+    imp::shfl_idx_u32(v, src)
+}
+
+/// [`shfl_idx_u32`] for `f32`.
+#[inline(always)]
+pub fn shfl_idx_f32(v: f32, src: u32) -> f32 {
+    f32::from_bits(shfl_idx_u32(v.to_bits(), src))
+}
+
 /// Workgroup memory sized by the launch (`shared_bytes`), aligned for `T`.
 #[inline(always)]
 pub fn workgroup_mem<T>() -> *mut T {

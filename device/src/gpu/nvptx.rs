@@ -4,6 +4,8 @@ use core::arch::nvptx as n;
 unsafe extern "C" {
     #[link_name = "llvm.nvvm.shfl.sync.bfly.i32"]
     fn shfl_sync_bfly_i32(member_mask: u32, v: u32, lane_mask: u32, clamp: u32) -> u32;
+    #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
+    fn shfl_sync_idx_i32(member_mask: u32, v: u32, src_lane: u32, clamp: u32) -> u32;
 }
 
 #[inline(always)]
@@ -40,6 +42,12 @@ pub fn shfl_xor_u32(v: u32, mask: u32) -> u32 {
     // SAFETY: the full member mask is right because whole warps reach every
     // collective (facade contract); clamp 0x1f = whole-warp segment.
     unsafe { shfl_sync_bfly_i32(u32::MAX, v, mask, 0x1f) }
+}
+
+#[inline(always)]
+pub fn shfl_idx_u32(v: u32, src: u32) -> u32 {
+    // SAFETY: as for `shfl_xor_u32`; `src` < 32 (facade contract).
+    unsafe { shfl_sync_idx_i32(u32::MAX, v, src, 0x1f) }
 }
 
 #[inline(always)]

@@ -4,78 +4,65 @@
 //! Numerics: `z = (f32(S) + f32(mask)) + f32(bias)` in f32 (as
 //! [`super::bias_mask_add`], never rounded to f16), `m = max z` (f32),
 //! `e = exp(z - m)` ([`crate::math::exp_hw`]: the hardware `exp2`, one
-//! instruction, so the kernel stays memory-bound), `sum = sum e` in f32
-//! (per thread over its 8 elements, then the 18 partials of the row in
-//! order), `P = f16(e * (1 / sum))`: probabilities are rounded once. A row
-//! with NaN, +inf, or only -inf gives NaN everywhere (as `torch.softmax`).
+//! instruction), `sum = sum e` in f32 (per lane over its 24 elements in
+//! four chains, then over the lanes of the row in one fixed order, so every
+//! lane of a row holds the same sum), `P = f16(e * (1 / sum))`:
+//! probabilities are rounded once. A row with NaN, +inf, or only -inf gives
+//! NaN everywhere (as `torch.softmax`).
 //!
-//! Layout: rows of 144 halves are 18 16-byte vectors, and consecutive rows
-//! are contiguous in the scores, the bias and the mask. A workgroup of
-//! [`SOFTMAX_BLOCK`] = 576 = 18 x 32 threads owns [`SOFTMAX_ROWS`] = 96
-//! consecutive rows; thread `t` takes vectors `t + 576 j` (j < 3) of that
-//! chunk, so every load and store instruction of a wave covers contiguous
-//! memory (fully used 128-byte lines: the earlier two-lanes-per-row layout
-//! sent one 32-byte sector per row to L2 and was L2-request-bound at 57% of
-//! a copy). Because 576 is a multiple of 18, thread `t` always holds vector
-//! `t % 18` of rows `t / 18 + 32 j`: row reductions are two steps through
-//! workgroup memory (per-thread partials, then one reducing thread per row
-//! over its 18 partials; 7.5 KiB, [`SOFTMAX_SHARED_BYTES`]). Rows may span
-//! (window, head) tiles: each row looks up its own bias type and mask slot.
-//! Rows past the end are predicated off but join every barrier. Scores are
+//! Layout: a row of 144 halves = 18 16-byte vectors is owned by a group of
+//! [`SOFTMAX_LANES`] = 6 consecutive lanes, lane `p` holding vectors
+//! `6 k + p` (k < 3), so each load instruction of a group covers 96
+//! contiguous bytes of its row. A wave32 holds 5 rows (2 lanes idle), a
+//! wave64 10 rows (4 idle): a [`SOFTMAX_BLOCK`]-thread workgroup is
+//! [`SOFTMAX_ROWS`] = 40 rows either way. Measured on the H200 against the
+//! alternatives: two lanes per row sent one 32-byte sector per row and load
+//! to L2 and was L2-request-bound (57% of a copy); a fully coalesced
+//! workgroup layout with row reductions through workgroup memory spent its
+//! time at barriers (63%). Here the reductions are three lane exchanges
+//! (one butterfly, then indexed reads of the three pairs) and no barrier.
+//! Rows past the end are predicated off but join the exchanges. Scores are
 //! read once and probabilities written once; the output may be the input
-//! (every read of a row precedes the barriers that precede its writes, and
-//! a row belongs to one workgroup).
+//! (a row's reads precede its writes and a row belongs to one lane group).
 use crate::gpu;
 use crate::math::exp_hw;
 use crate::vec::{load8, store8};
 
 /// Row length with a kernel.
 pub const SOFTMAX_T: u32 = 144;
-/// Threads per workgroup (9 waves of 64, 18 warps of 32).
-pub const SOFTMAX_BLOCK: u32 = 576;
-/// Vectors (of 8 halves) per thread.
-const NV: usize = 3;
-/// Vectors per row.
-const VPR: u32 = SOFTMAX_T / 8;
-/// Rows per workgroup.
-pub const SOFTMAX_ROWS: u32 = SOFTMAX_BLOCK * NV as u32 / VPR;
-/// Rows per vector slot `j` (rows `t / 18 + ROWS_J * j`).
-const ROWS_J: u32 = SOFTMAX_BLOCK / VPR;
-/// Workgroup memory: `NV * 576` partials and two per-row values.
-pub const SOFTMAX_SHARED_BYTES: u32 = (NV as u32 * SOFTMAX_BLOCK + 2 * SOFTMAX_ROWS) * 4;
-const _: () =
-    assert!(SOFTMAX_BLOCK.is_multiple_of(VPR) && SOFTMAX_BLOCK.is_multiple_of(64) && NV == 3);
-const _: () = assert!(SOFTMAX_ROWS <= SOFTMAX_BLOCK && VPR.is_multiple_of(2));
+/// Lanes per row.
+pub const SOFTMAX_LANES: u32 = 6;
+/// Threads per workgroup (4 waves of 64, 8 warps of 32).
+pub const SOFTMAX_BLOCK: u32 = 256;
+/// Rows per workgroup: 8 warps x 5 rows or 4 waves x 10 rows.
+pub const SOFTMAX_ROWS: u32 = 40;
+/// Vectors per lane.
+const NV: usize = (SOFTMAX_T / 8 / SOFTMAX_LANES) as usize;
+const _: () = assert!(NV == 3);
+const _: () = assert!(SOFTMAX_BLOCK / 32 * (32 / SOFTMAX_LANES) == SOFTMAX_ROWS);
+const _: () = assert!(SOFTMAX_BLOCK / 64 * (64 / SOFTMAX_LANES) == SOFTMAX_ROWS);
 
-/// The row value (max, or 1 / sum) for row `r` of the workgroup from its
-/// 18 partials: `part[j * 576 + 18 q ..][..18]` for `r = q + 32 j`, read
-/// as pairs (8-byte aligned; on NVIDIA each half-warp then hits 32
-/// distinct banks).
-///
-/// # Safety
-/// `part` valid for `NV * 576` floats, 8-byte aligned; `r < SOFTMAX_ROWS`.
+/// Butterfly over lane pairs, then `f` of the three pair values read from
+/// the group's lanes 0, 2 and 4 in that order (the same order on every lane
+/// of the group). `base` is the group's first lane; lanes outside any group
+/// pass their own lane as `base` (they read only themselves).
 #[inline(always)]
-unsafe fn row_partials(part: *const f32, r: u32) -> [f32; VPR as usize] {
-    let base = (r / ROWS_J * SOFTMAX_BLOCK + r % ROWS_J * VPR) as usize;
-    let mut v = [0.0f32; VPR as usize];
-    for k in 0..VPR as usize / 2 {
-        // SAFETY: base + 2k + 1 < NV * 576 and base is even (caller).
-        let pair = unsafe { core::ptr::read(part.add(base + 2 * k).cast::<[f32; 2]>()) };
-        v[2 * k] = pair[0];
-        v[2 * k + 1] = pair[1];
-    }
-    v
+fn group6(v: f32, base: u32, f: impl Fn(f32, f32) -> f32) -> f32 {
+    let v = f(v, gpu::shfl_xor_f32(v, 1));
+    let a = gpu::shfl_idx_f32(v, base);
+    let b = gpu::shfl_idx_f32(v, base + 2);
+    let c = gpu::shfl_idx_f32(v, base + 4);
+    f(f(a, b), c)
 }
 
-/// One workgroup per [`SOFTMAX_ROWS`] rows.
+/// One row per group of six lanes.
 ///
 /// # Safety
 /// `s`, `p` valid for `rows * 144` halves (they may be equal, not partly
 /// overlapping), `bias` for `n_types * heads * 144 * 144`, `mask` for
 /// `n_slots * 144 * 144` when `MASK`; tables for `rows / (heads * 144)`
 /// entries; all 16-byte aligned; `rows` a multiple of `heads * 144`;
-/// launched with [`SOFTMAX_BLOCK`] threads and [`SOFTMAX_SHARED_BYTES`] of
-/// workgroup memory.
+/// launched with [`SOFTMAX_BLOCK`] threads.
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 pub unsafe fn bias_mask_softmax<const MASK: bool>(
@@ -91,99 +78,76 @@ pub unsafe fn bias_mask_softmax<const MASK: bool>(
     n_slots: u32,
 ) {
     const T: usize = SOFTMAX_T as usize;
-    let part = gpu::workgroup_mem::<f32>();
-    // SAFETY: the workgroup memory holds NV * 576 + 2 * 96 floats (launch).
-    let (rmax, rinv) = unsafe {
-        let r = part.add(NV * SOFTMAX_BLOCK as usize);
-        (r, r.add(SOFTMAX_ROWS as usize))
-    };
     let tid = gpu::thread_id();
-    let col = ((tid % VPR) * 8) as usize;
-    let first = gpu::block_id() * SOFTMAX_ROWS + tid / VPR;
-    let hd = crate::math::divisor(heads);
+    let ws = gpu::wave_size();
+    let lane = tid % ws;
+    let groups = ws / SOFTMAX_LANES;
+    let g = lane / SOFTMAX_LANES;
+    let in_group = g < groups;
+    // Idle lanes (past the last whole group) still join the exchanges; their
+    // `base` keeps base + 4 inside the wave, and their results are unused.
+    let base = if in_group {
+        g * SOFTMAX_LANES
+    } else {
+        lane.min(ws - 5)
+    };
+    let q = (lane - g * SOFTMAX_LANES) as usize;
+    let row = gpu::block_id() * SOFTMAX_ROWS + tid / ws * groups + g;
+    let active = in_group && row < rows;
     let mut z = [[0.0f32; 8]; NV];
-    let mut live = [false; NV];
-    crate::unroll!(j in [0, 1, 2] {
-        let row = first + ROWS_J * j as u32;
-        live[j] = row < rows;
-        if live[j] {
-            let tile = row / SOFTMAX_T;
-            let i = (row % SOFTMAX_T) as usize;
-            let (w, h) = (tile / hd, (tile % hd) as usize);
-            // SAFETY: w < windows.
-            let (ty, sl) =
-                unsafe { super::bias_mask_add::lookup::<MASK>(types, slots, w, n_types, n_slots) };
-            let so = row as usize * T + col;
-            let bo = ((ty as usize * heads as usize + h) * T + i) * T + col;
-            let mo = (sl as usize * T + i) * T + col;
+    if active {
+        let tile = row / SOFTMAX_T;
+        let i = (row % SOFTMAX_T) as usize;
+        let hd = crate::math::divisor(heads);
+        let (w, h) = (tile / hd, (tile % hd) as usize);
+        // SAFETY: w < windows.
+        let (ty, sl) =
+            unsafe { super::bias_mask_add::lookup::<MASK>(types, slots, w, n_types, n_slots) };
+        let so = row as usize * T;
+        let bo = ((ty as usize * heads as usize + h) * T + i) * T;
+        let mo = (sl as usize * T + i) * T;
+        crate::unroll!(k in [0, 1, 2] {
+            let c = (6 * k + q) * 8;
             // SAFETY: the rows lie in their tensors (caller).
             let (sv, bv, mv) = unsafe {
                 (
-                    load8(s.add(so)),
-                    load8(bias.add(bo)),
-                    if MASK { load8(mask.add(mo)) } else { [0.0; 8] },
+                    load8(s.add(so + c)),
+                    load8(bias.add(bo + c)),
+                    if MASK { load8(mask.add(mo + c)) } else { [0.0; 8] },
                 )
             };
-            z[j] = super::bias_mask_add::sum3::<MASK>(sv, bv, mv);
-        }
-    });
-    // Max: NaN needs no care here, it reaches every output through the sum.
-    crate::unroll!(j in [0, 1, 2] {
-        let mut m = z[j][0];
-        for e in 1..8 {
-            m = if z[j][e] > m { z[j][e] } else { m };
-        }
-        // SAFETY: j * 576 + tid < NV * 576.
-        unsafe { *part.add(j * SOFTMAX_BLOCK as usize + tid as usize) = m };
-    });
-    gpu::barrier();
-    if tid < SOFTMAX_ROWS {
-        // SAFETY: tid < SOFTMAX_ROWS.
-        let v = unsafe { row_partials(part, tid) };
-        let mut m = v[0];
-        for x in &v[1..] {
-            m = if *x > m { *x } else { m };
-        }
-        // SAFETY: tid < SOFTMAX_ROWS.
-        unsafe { *rmax.add(tid as usize) = m };
+            z[k] = super::bias_mask_add::sum3::<MASK>(sv, bv, mv);
+        });
     }
-    gpu::barrier();
-    crate::unroll!(j in [0, 1, 2] {
-        // SAFETY: the row index is below SOFTMAX_ROWS.
-        let m = unsafe { *rmax.add((tid / VPR + ROWS_J * j as u32) as usize) };
-        let mut sum = 0.0f32;
+    // Max (`f32::max` ignores NaN, one instruction): NaN needs no care here,
+    // it reaches every output through the sum.
+    let mut mv = [f32::NEG_INFINITY; 4];
+    for k in 0..NV {
         for e in 0..8 {
-            z[j][e] = exp_hw(z[j][e] - m);
-            sum += z[j][e];
+            mv[e % 4] = mv[e % 4].max(z[k][e]);
         }
-        // SAFETY: as for the max partials (read before the last barrier).
-        unsafe { *part.add(j * SOFTMAX_BLOCK as usize + tid as usize) = sum };
-    });
-    gpu::barrier();
-    if tid < SOFTMAX_ROWS {
-        // SAFETY: tid < SOFTMAX_ROWS.
-        let v = unsafe { row_partials(part, tid) };
-        let mut sum = 0.0f32;
-        for x in v {
-            sum += x;
-        }
-        // SAFETY: tid < SOFTMAX_ROWS.
-        unsafe { *rinv.add(tid as usize) = 1.0 / sum };
     }
-    gpu::barrier();
-    crate::unroll!(j in [0, 1, 2] {
-        if live[j] {
-            // SAFETY: the row index is below SOFTMAX_ROWS.
-            let r = unsafe { *rinv.add((tid / VPR + ROWS_J * j as u32) as usize) };
+    let m = group6((mv[0].max(mv[1])).max(mv[2].max(mv[3])), base, f32::max);
+    let mut sv = [0.0f32; 4];
+    crate::unroll!(k in [0, 1, 2] {
+        for e in 0..8 {
+            z[k][e] = exp_hw(z[k][e] - m);
+            sv[e % 4] += z[k][e];
+        }
+    });
+    let sum = group6((sv[0] + sv[1]) + (sv[2] + sv[3]), base, |a, b| a + b);
+    let r = 1.0 / sum;
+    if active {
+        let so = row as usize * T;
+        crate::unroll!(k in [0, 1, 2] {
             let mut o = [0.0f32; 8];
             for e in 0..8 {
-                o[e] = z[j][e] * r;
+                o[e] = z[k][e] * r;
             }
-            let row = first + ROWS_J * j as u32;
             // SAFETY: as for the loads.
-            unsafe { store8(p.add(row as usize * T + col), o) };
-        }
-    });
+            unsafe { store8(p.add(so + (6 * k + q) * 8), o) };
+        });
+    }
 }
 
 kernel! {

@@ -19,7 +19,7 @@ use crate::buffer::{Span, View, ViewMut};
 use crate::device::Device;
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_device::kernels::{SOFTMAX_BLOCK, SOFTMAX_ROWS, SOFTMAX_SHARED_BYTES, SOFTMAX_T};
+use wavefuse_device::kernels::{SOFTMAX_BLOCK, SOFTMAX_ROWS, SOFTMAX_T};
 
 /// Row lengths (tokens per window) with a kernel.
 pub const SOFTMAX_TOKENS: [usize; 1] = [SOFTMAX_T as usize];
@@ -53,7 +53,7 @@ fn launch(
     let l = Launch {
         grid: (grid, 1),
         block: SOFTMAX_BLOCK,
-        shared_bytes: SOFTMAX_SHARED_BYTES,
+        shared_bytes: 0,
     };
     let args = [
         Arg::Ptr(s.ptr),
