@@ -25,13 +25,7 @@ use wavefuse_shared::ROW_BLOCK;
 /// `residual_out` may equal `residual`; no other overlap with the outputs.
 #[inline(always)]
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // constant indices keep the row in registers
-pub unsafe fn add_layer_norm<
-    const W: usize,
-    const L: u32,
-    const NV: usize,
-    const AFFINE: bool,
-    const R: usize,
->(
+pub unsafe fn add_layer_norm<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
     residual: *const u16,
     branch: *const u16,
     residual_out: *mut u16,
@@ -43,59 +37,39 @@ pub unsafe fn add_layer_norm<
 ) {
     let tid = gpu::thread_id();
     let lane = (tid % L) as usize;
-    let per = u64::from(ROW_BLOCK / L);
-    let row0 = u64::from(gpu::block_id()) * per * R as u64 + u64::from(tid / L);
-    let mut v = [[[0.0f32; 8]; NV]; R];
-    let mut a = [[[0.0f32; 8]; NV]; R];
-    let mut b = [[[0.0f32; 8]; NV]; R];
-    for r in 0..R {
-        let row = row0 + r as u64 * per;
-        if row < rows {
-            let base = row as usize * W;
-            for k in 0..NV {
-                let off = base + (k * L as usize + lane) * 8;
-                // SAFETY: row < rows and the vector lies inside the row.
-                unsafe {
-                    a[r][k] = load8(residual.add(off));
-                    b[r][k] = load8(branch.add(off));
-                }
-            }
-        }
-    }
-    for r in 0..R {
-        let row = row0 + r as u64 * per;
-        if row < rows {
-            let base = row as usize * W;
-            for k in 0..NV {
-                for i in 0..8 {
-                    // Round the sum to f16 once; LayerNorm reads the rounded value.
-                    v[r][k][i] = ((a[r][k][i] + b[r][k][i]) as f16) as f32;
-                }
-                let off = base + (k * L as usize + lane) * 8;
-                // SAFETY: as for the loads; `v` holds f16 values, so the
-                // store's rounding is exact. In place, this lane already
-                // read `off`.
-                unsafe { store8(residual_out.add(off), v[r][k]) };
-            }
-        }
-    }
-    for r in 0..R {
-        let row = row0 + r as u64 * per;
-        let (mean, rstd) = moments::<W, L, NV>(&v[r], eps);
-        if row < rows {
-            // SAFETY: row < rows; `y` row and affine vectors in bounds.
+    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    let active = row < rows;
+    let base = row as usize * W;
+
+    let mut v = [[0.0f32; 8]; NV];
+    if active {
+        let mut a = [[0.0f32; 8]; NV];
+        let mut b = [[0.0f32; 8]; NV];
+        for k in 0..NV {
+            let off = base + (k * L as usize + lane) * 8;
+            // SAFETY: row < rows and the vector lies inside the row.
             unsafe {
-                normalise_store::<W, L, NV, AFFINE>(
-                    &v[r],
-                    mean,
-                    rstd,
-                    y.add(row as usize * W),
-                    gamma,
-                    beta,
-                    lane,
-                )
-            };
+                a[k] = load8(residual.add(off));
+                b[k] = load8(branch.add(off));
+            }
         }
+        for k in 0..NV {
+            for i in 0..8 {
+                // Round the sum to f16 once; LayerNorm reads the rounded value.
+                v[k][i] = ((a[k][i] + b[k][i]) as f16) as f32;
+            }
+            let off = base + (k * L as usize + lane) * 8;
+            // SAFETY: as for the loads; `v` holds f16 values, so the store's
+            // rounding is exact. In place, this lane already read `off`.
+            unsafe { store8(residual_out.add(off), v[k]) };
+        }
+    }
+    let (mean, rstd) = moments::<W, L, NV>(&v, eps);
+    if active {
+        // SAFETY: row < rows; `y` row and affine vectors in bounds.
+        unsafe {
+            normalise_store::<W, L, NV, AFFINE>(&v, mean, rstd, y.add(base), gamma, beta, lane)
+        };
     }
 }
 
@@ -135,13 +109,13 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
 }
 
 macro_rules! add_layer_norm_entries {
-    ($($plain:ident, $affine:ident: W = $w:literal, L = $l:literal, NV = $nv:literal, R = $r:literal;)*) => {$(
+    ($($plain:ident, $affine:ident: W = $w:literal, L = $l:literal, NV = $nv:literal;)*) => {$(
         kernel! {
             #[allow(clippy::too_many_arguments)]
             /// Residual add + LayerNorm without affine, fixed width.
             pub fn $plain(residual: *const u16, branch: *const u16, residual_out: *mut u16, y: *mut u16, gamma: *const u16, beta: *const u16, rows: u64, eps: f32) {
                 // SAFETY: extents checked by the host API.
-                unsafe { add_layer_norm::<$w, $l, $nv, false, $r>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
+                unsafe { add_layer_norm::<$w, $l, $nv, false>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
             }
         }
         kernel! {
@@ -149,7 +123,7 @@ macro_rules! add_layer_norm_entries {
             /// Residual add + LayerNorm with f16 gamma and beta, fixed width.
             pub fn $affine(residual: *const u16, branch: *const u16, residual_out: *mut u16, y: *mut u16, gamma: *const u16, beta: *const u16, rows: u64, eps: f32) {
                 // SAFETY: extents checked by the host API.
-                unsafe { add_layer_norm::<$w, $l, $nv, true, $r>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
+                unsafe { add_layer_norm::<$w, $l, $nv, true>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
             }
         }
     )*};
@@ -158,12 +132,9 @@ macro_rules! add_layer_norm_entries {
 // L and NV must equal wavefuse_shared::RowLayout::for_width(W); the
 // `layouts_match_shared` test below keeps them in step.
 add_layer_norm_entries! {
-    wf_add_layer_norm_192, wf_add_layer_norm_affine_192: W = 192, L = 8, NV = 3, R = 1;
-    wf_add_layer_norm_384, wf_add_layer_norm_affine_384: W = 384, L = 16, NV = 3, R = 1;
-    wf_add_layer_norm_768, wf_add_layer_norm_affine_768: W = 768, L = 32, NV = 3, R = 1;
-    wf_add_layer_norm_x2_192, wf_add_layer_norm_affine_x2_192: W = 192, L = 8, NV = 3, R = 2;
-    wf_add_layer_norm_x2_384, wf_add_layer_norm_affine_x2_384: W = 384, L = 16, NV = 3, R = 2;
-    wf_add_layer_norm_x2_768, wf_add_layer_norm_affine_x2_768: W = 768, L = 32, NV = 3, R = 2;
+    wf_add_layer_norm_192, wf_add_layer_norm_affine_192: W = 192, L = 8, NV = 3;
+    wf_add_layer_norm_384, wf_add_layer_norm_affine_384: W = 384, L = 16, NV = 3;
+    wf_add_layer_norm_768, wf_add_layer_norm_affine_768: W = 768, L = 32, NV = 3;
 }
 
 #[cfg(test)]

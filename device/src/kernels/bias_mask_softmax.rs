@@ -8,7 +8,10 @@
 //! four chains, then over the lanes of the row in one fixed order, so every
 //! lane of a row holds the same sum), `P = f16(e * (1 / sum))`:
 //! probabilities are rounded once. A row with NaN, +inf, or only -inf gives
-//! NaN everywhere (as `torch.softmax`).
+//! NaN everywhere (as `torch.softmax`). A table entry out of range (the
+//! host validates tables when they are built, so this does not happen
+//! through the API) makes its rows NaN instead of trapping: a trap check
+//! would put a branch between the table reads and the data loads.
 //!
 //! Layout: a row of 144 halves = 18 16-byte vectors is owned by a group of
 //! [`SOFTMAX_LANES`] = 6 consecutive lanes, lane `p` holding vectors
@@ -96,27 +99,48 @@ pub unsafe fn bias_mask_softmax<const MASK: bool>(
     let active = in_group && row < rows;
     let mut z = [[0.0f32; 8]; NV];
     if active {
+        let so = row as usize * T;
+        let mut sv = [[0.0f32; 8]; NV];
+        crate::unroll!(k in [0, 1, 2] {
+            // SAFETY: the row lies in the scores (caller).
+            sv[k] = unsafe { load8(s.add(so + (6 * k + q) * 8)) };
+        });
+        // No branch may separate the score loads from the table reads and
+        // the bias / mask loads (LLVM sinks loads past a trap check, and
+        // the loads then wait for the table): entries are clamped for the
+        // addresses and an out-of-range entry turns the row into NaN.
         let tile = row / SOFTMAX_T;
         let i = (row % SOFTMAX_T) as usize;
-        let hd = crate::math::divisor(heads);
+        // heads >= 1 (host); max(1) keeps the division free of a trap branch.
+        let hd = core::num::NonZeroU32::MIN.saturating_add(heads.saturating_sub(1));
         let (w, h) = (tile / hd, (tile % hd) as usize);
-        // SAFETY: w < windows.
-        let (ty, sl) =
-            unsafe { super::bias_mask_add::lookup::<MASK>(types, slots, w, n_types, n_slots) };
-        let so = row as usize * T;
+        // SAFETY: w < windows (caller: tables hold one entry per window).
+        let (ty, sl) = unsafe {
+            let ty = *types.add(w as usize) as u32;
+            let sl = if MASK {
+                *slots.add(w as usize) as u32
+            } else {
+                0
+            };
+            (ty, sl)
+        };
+        let bad = ty >= n_types || (MASK && sl >= n_slots);
+        let (ty, sl) = (ty.min(n_types - 1), sl.min(n_slots.max(1) - 1));
         let bo = ((ty as usize * heads as usize + h) * T + i) * T;
         let mo = (sl as usize * T + i) * T;
         crate::unroll!(k in [0, 1, 2] {
             let c = (6 * k + q) * 8;
-            // SAFETY: the rows lie in their tensors (caller).
-            let (sv, bv, mv) = unsafe {
+            // SAFETY: the clamped entries address rows inside the tensors.
+            let (bv, mv) = unsafe {
                 (
-                    load8(s.add(so + c)),
                     load8(bias.add(bo + c)),
                     if MASK { load8(mask.add(mo + c)) } else { [0.0; 8] },
                 )
             };
-            z[k] = super::bias_mask_add::sum3::<MASK>(sv, bv, mv);
+            z[k] = super::bias_mask_add::sum3::<MASK>(sv[k], bv, mv);
+            if bad {
+                z[k][0] = f32::NAN;
+            }
         });
     }
     // Max (`f32::max` ignores NaN, one instruction): NaN needs no care here,

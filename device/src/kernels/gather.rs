@@ -28,20 +28,14 @@ pub unsafe fn source_of(idx: *const i32, t: u64, n_src: u64) -> Option<usize> {
     (s >= 0 && (s as u64) < n_src).then_some(s as usize)
 }
 
-/// Tokens per lane group in the fixed-width gather: token `t` and token
-/// `t + ROW_BLOCK / L` of the workgroup, both index reads and then all six
-/// vector loads issued before any store (one token per group left each
-/// lane with 48 bytes in flight behind a dependent index read).
-pub const GATHER_TOKENS: u32 = 2;
-
-/// One row group's gather at a fixed width ([`GATHER_TOKENS`] tokens).
+/// One row group's gather at a fixed width.
 ///
 /// # Safety
 /// `src` valid for `n_src * W` halves, `out` for `n_out * W`, `idx` for
 /// `n_out` entries; `src`/`out` 16-byte aligned and disjoint.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-pub unsafe fn gather_rows<const W: usize, const L: u32, const NV: usize, const R: usize>(
+pub unsafe fn gather_rows<const W: usize, const L: u32, const NV: usize>(
     src: *const u16,
     idx: *const i32,
     out: *mut u16,
@@ -50,47 +44,31 @@ pub unsafe fn gather_rows<const W: usize, const L: u32, const NV: usize, const R
 ) {
     let tid = gpu::thread_id();
     let lane = (tid % L) as usize;
-    let per = u64::from(ROW_BLOCK / L);
-    let row0 = u64::from(gpu::block_id()) * per * R as u64 + u64::from(tid / L);
-    if row0 >= n_out {
+    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    if row >= n_out {
         // No collectives in this kernel: exiting early is allowed.
         return;
     }
-    let mut rows = [0u64; R];
-    let mut live = [false; R];
-    let mut s = [None; R];
-    for r in 0..R {
-        rows[r] = row0 + r as u64 * per;
-        live[r] = rows[r] < n_out;
-        if live[r] {
-            // SAFETY: rows[r] < n_out.
-            s[r] = unsafe { source_of(idx, rows[r], n_src) };
-        }
-    }
+    // SAFETY: row < n_out.
+    let s = unsafe { source_of(idx, row, n_src) };
     // Plain u32 words with constant indices stay in registers (an array of
     // `V8` went to scratch on gfx90a); every load is issued before any store.
-    let mut v = [[[0u32; 4]; NV]; R];
-    for r in 0..R {
-        if let Some(sr) = s[r] {
-            for k in 0..NV {
-                let off = sr * W + (k * L as usize + lane) * 8;
-                // SAFETY: sr < n_src; the vector lies inside the token; aligned.
-                let x = unsafe { src.add(off).cast::<V8>().read() };
-                for i in 0..4 {
-                    v[r][k][i] = x.0[i];
-                }
+    let mut v = [[0u32; 4]; NV];
+    if let Some(s) = s {
+        for k in 0..NV {
+            let off = s * W + (k * L as usize + lane) * 8;
+            // SAFETY: s < n_src; the vector lies inside the token; aligned.
+            let r = unsafe { src.add(off).cast::<V8>().read() };
+            for i in 0..4 {
+                v[k][i] = r.0[i];
             }
         }
     }
-    for r in 0..R {
-        if live[r] {
-            let base = rows[r] as usize * W;
-            for k in 0..NV {
-                let off = base + (k * L as usize + lane) * 8;
-                // SAFETY: rows[r] < n_out; the vector lies inside the token; aligned.
-                unsafe { out.add(off).cast::<V8>().write(V8(v[r][k])) };
-            }
-        }
+    let base = row as usize * W;
+    for k in 0..NV {
+        let off = base + (k * L as usize + lane) * 8;
+        // SAFETY: row < n_out; the vector lies inside the token; aligned.
+        unsafe { out.add(off).cast::<V8>().write(V8(v[k])) };
     }
 }
 
@@ -144,12 +122,12 @@ pub unsafe fn gather_any(
 }
 
 macro_rules! gather_entries {
-    ($($name:ident: W = $w:literal, L = $l:literal, NV = $nv:literal, R = $r:literal;)*) => {$(
+    ($($name:ident: W = $w:literal, L = $l:literal, NV = $nv:literal;)*) => {$(
         kernel! {
             /// Token gather through an INT32 table, fixed width.
             pub fn $name(src: *const u16, idx: *const i32, out: *mut u16, n_out: u64, n_src: u64) {
                 // SAFETY: extents checked by the host API.
-                unsafe { gather_rows::<$w, $l, $nv, $r>(src, idx, out, n_out, n_src) }
+                unsafe { gather_rows::<$w, $l, $nv>(src, idx, out, n_out, n_src) }
             }
         }
     )*};
@@ -158,12 +136,9 @@ macro_rules! gather_entries {
 // L and NV must equal wavefuse_shared::RowLayout::for_width(W); the
 // `layouts_match_shared` test below keeps them in step.
 gather_entries! {
-    wf_gather_192: W = 192, L = 8, NV = 3, R = 2;
-    wf_gather_384: W = 384, L = 16, NV = 3, R = 2;
-    wf_gather_768: W = 768, L = 32, NV = 3, R = 2;
-    wf_gather_x1_192: W = 192, L = 8, NV = 3, R = 1;
-    wf_gather_x1_384: W = 384, L = 16, NV = 3, R = 1;
-    wf_gather_x1_768: W = 768, L = 32, NV = 3, R = 1;
+    wf_gather_192: W = 192, L = 8, NV = 3;
+    wf_gather_384: W = 384, L = 16, NV = 3;
+    wf_gather_768: W = 768, L = 32, NV = 3;
 }
 
 kernel! {

@@ -153,22 +153,7 @@ fn run(
     }
     c.finite_nonneg(eps, "eps")?;
     let (g, b) = Affine::check(affine, &c, width, &[(&ys, "y"), (&rout, rout_name)])?;
-    // EXPERIMENT (removed before landing): two rows per lane group.
-    let x2 = std::env::var_os("WAVEFUSE_EXPERIMENT_X2").is_some();
-    let (name, blocks) = if x2 {
-        let n: &'static str = match name {
-            "wf_add_layer_norm_192" => "wf_add_layer_norm_x2_192",
-            "wf_add_layer_norm_384" => "wf_add_layer_norm_x2_384",
-            "wf_add_layer_norm_768" => "wf_add_layer_norm_x2_768",
-            "wf_add_layer_norm_affine_192" => "wf_add_layer_norm_affine_x2_192",
-            "wf_add_layer_norm_affine_384" => "wf_add_layer_norm_affine_x2_384",
-            _ => "wf_add_layer_norm_affine_x2_768",
-        };
-        (n, rows.div_ceil(layout.rows_per_block() * 2))
-    } else {
-        (name, layout.blocks_for(rows))
-    };
-    let grid = c.grid(rows, blocks)?;
+    let grid = c.grid(rows, layout.blocks_for(rows))?;
     let l = Launch {
         grid: (grid, 1),
         block: ROW_BLOCK,

@@ -11,7 +11,7 @@ use crate::buffer::{DeviceBuffer, Span, View, ViewMut};
 use crate::device::Device;
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_device::kernels::{GATHER_TOKENS, GENERIC_LANES};
+use wavefuse_device::kernels::GENERIC_LANES;
 use wavefuse_shared::index::{self, IndexError};
 use wavefuse_shared::layout::{ROW_BLOCK, RowLayout, VEC_HALVES};
 
@@ -206,19 +206,7 @@ pub fn gather(
         Arg::U64(plan.n_src as u64),
     ];
     let (name, blocks) = match (fixed, RowLayout::for_width(width)) {
-        // EXPERIMENT (removed before landing): one token per lane group.
-        (Some(name), Some(layout)) if std::env::var_os("WAVEFUSE_EXPERIMENT_X2").is_some() => (
-            match name {
-                "wf_gather_192" => "wf_gather_x1_192",
-                "wf_gather_384" => "wf_gather_x1_384",
-                _ => "wf_gather_x1_768",
-            },
-            n_out.div_ceil(layout.rows_per_block()),
-        ),
-        (Some(name), Some(layout)) => (
-            name,
-            n_out.div_ceil(layout.rows_per_block() * GATHER_TOKENS as usize),
-        ),
+        (Some(name), Some(layout)) => (name, layout.blocks_for(n_out)),
         _ => {
             args.push(Arg::U64((width / VEC_HALVES) as u64));
             let per_block = (ROW_BLOCK / GENERIC_LANES) as usize;
