@@ -25,13 +25,7 @@ use wavefuse_shared::ROW_BLOCK;
 /// `residual_out` may equal `residual`; no other overlap with the outputs.
 #[inline(always)]
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // constant indices keep the row in registers
-pub unsafe fn add_layer_norm<
-    const W: usize,
-    const L: u32,
-    const NV: usize,
-    const AFFINE: bool,
-    const B: u32,
->(
+pub unsafe fn add_layer_norm<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
     residual: *const u16,
     branch: *const u16,
     residual_out: *mut u16,
@@ -43,7 +37,7 @@ pub unsafe fn add_layer_norm<
 ) {
     let tid = gpu::thread_id();
     let lane = (tid % L) as usize;
-    let row = u64::from(gpu::block_id()) * u64::from(B / L) + u64::from(tid / L);
+    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
     let active = row < rows;
     let base = row as usize * W;
 
@@ -115,13 +109,13 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
 }
 
 macro_rules! add_layer_norm_entries {
-    ($($plain:ident, $affine:ident: W = $w:literal, L = $l:literal, NV = $nv:literal, B = $b:expr;)*) => {$(
+    ($($plain:ident, $affine:ident: W = $w:literal, L = $l:literal, NV = $nv:literal;)*) => {$(
         kernel! {
             #[allow(clippy::too_many_arguments)]
             /// Residual add + LayerNorm without affine, fixed width.
             pub fn $plain(residual: *const u16, branch: *const u16, residual_out: *mut u16, y: *mut u16, gamma: *const u16, beta: *const u16, rows: u64, eps: f32) {
                 // SAFETY: extents checked by the host API.
-                unsafe { add_layer_norm::<$w, $l, $nv, false, { $b }>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
+                unsafe { add_layer_norm::<$w, $l, $nv, false>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
             }
         }
         kernel! {
@@ -129,7 +123,7 @@ macro_rules! add_layer_norm_entries {
             /// Residual add + LayerNorm with f16 gamma and beta, fixed width.
             pub fn $affine(residual: *const u16, branch: *const u16, residual_out: *mut u16, y: *mut u16, gamma: *const u16, beta: *const u16, rows: u64, eps: f32) {
                 // SAFETY: extents checked by the host API.
-                unsafe { add_layer_norm::<$w, $l, $nv, true, { $b }>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
+                unsafe { add_layer_norm::<$w, $l, $nv, true>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
             }
         }
     )*};
@@ -138,12 +132,9 @@ macro_rules! add_layer_norm_entries {
 // L and NV must equal wavefuse_shared::RowLayout::for_width(W); the
 // `layouts_match_shared` test below keeps them in step.
 add_layer_norm_entries! {
-    wf_add_layer_norm_192, wf_add_layer_norm_affine_192: W = 192, L = 8, NV = 3, B = ROW_BLOCK;
-    wf_add_layer_norm_384, wf_add_layer_norm_affine_384: W = 384, L = 16, NV = 3, B = ROW_BLOCK;
-    wf_add_layer_norm_768, wf_add_layer_norm_affine_768: W = 768, L = 32, NV = 3, B = ROW_BLOCK;
-    wf_add_layer_norm_b128_192, wf_add_layer_norm_affine_b128_192: W = 192, L = 8, NV = 3, B = 128;
-    wf_add_layer_norm_b128_384, wf_add_layer_norm_affine_b128_384: W = 384, L = 16, NV = 3, B = 128;
-    wf_add_layer_norm_b128_768, wf_add_layer_norm_affine_b128_768: W = 768, L = 32, NV = 3, B = 128;
+    wf_add_layer_norm_192, wf_add_layer_norm_affine_192: W = 192, L = 8, NV = 3;
+    wf_add_layer_norm_384, wf_add_layer_norm_affine_384: W = 384, L = 16, NV = 3;
+    wf_add_layer_norm_768, wf_add_layer_norm_affine_768: W = 768, L = 32, NV = 3;
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ pub unsafe fn source_of(idx: *const i32, t: u64, n_src: u64) -> Option<usize> {
 /// `n_out` entries; `src`/`out` 16-byte aligned and disjoint.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-pub unsafe fn gather_rows<const W: usize, const L: u32, const NV: usize, const B: u32>(
+pub unsafe fn gather_rows<const W: usize, const L: u32, const NV: usize>(
     src: *const u16,
     idx: *const i32,
     out: *mut u16,
@@ -44,7 +44,7 @@ pub unsafe fn gather_rows<const W: usize, const L: u32, const NV: usize, const B
 ) {
     let tid = gpu::thread_id();
     let lane = (tid % L) as usize;
-    let row = u64::from(gpu::block_id()) * u64::from(B / L) + u64::from(tid / L);
+    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
     if row >= n_out {
         // No collectives in this kernel: exiting early is allowed.
         return;
@@ -122,12 +122,12 @@ pub unsafe fn gather_any(
 }
 
 macro_rules! gather_entries {
-    ($($name:ident: W = $w:literal, L = $l:literal, NV = $nv:literal, B = $b:expr;)*) => {$(
+    ($($name:ident: W = $w:literal, L = $l:literal, NV = $nv:literal;)*) => {$(
         kernel! {
             /// Token gather through an INT32 table, fixed width.
             pub fn $name(src: *const u16, idx: *const i32, out: *mut u16, n_out: u64, n_src: u64) {
                 // SAFETY: extents checked by the host API.
-                unsafe { gather_rows::<$w, $l, $nv, { $b }>(src, idx, out, n_out, n_src) }
+                unsafe { gather_rows::<$w, $l, $nv>(src, idx, out, n_out, n_src) }
             }
         }
     )*};
@@ -136,12 +136,9 @@ macro_rules! gather_entries {
 // L and NV must equal wavefuse_shared::RowLayout::for_width(W); the
 // `layouts_match_shared` test below keeps them in step.
 gather_entries! {
-    wf_gather_192: W = 192, L = 8, NV = 3, B = ROW_BLOCK;
-    wf_gather_384: W = 384, L = 16, NV = 3, B = ROW_BLOCK;
-    wf_gather_768: W = 768, L = 32, NV = 3, B = ROW_BLOCK;
-    wf_gather_b128_192: W = 192, L = 8, NV = 3, B = 128;
-    wf_gather_b128_384: W = 384, L = 16, NV = 3, B = 128;
-    wf_gather_b128_768: W = 768, L = 32, NV = 3, B = 128;
+    wf_gather_192: W = 192, L = 8, NV = 3;
+    wf_gather_384: W = 384, L = 16, NV = 3;
+    wf_gather_768: W = 768, L = 32, NV = 3;
 }
 
 kernel! {

@@ -189,12 +189,6 @@ impl Backend for Cpu {
             wf_add_layer_norm_affine_192(res, br, rout, y, g, b, rows, eps);
             wf_add_layer_norm_affine_384(res, br, rout, y, g, b, rows, eps);
             wf_add_layer_norm_affine_768(res, br, rout, y, g, b, rows, eps);
-            wf_add_layer_norm_b128_192(res, br, rout, y, g, b, rows, eps);
-            wf_add_layer_norm_b128_384(res, br, rout, y, g, b, rows, eps);
-            wf_add_layer_norm_b128_768(res, br, rout, y, g, b, rows, eps);
-            wf_add_layer_norm_affine_b128_192(res, br, rout, y, g, b, rows, eps);
-            wf_add_layer_norm_affine_b128_384(res, br, rout, y, g, b, rows, eps);
-            wf_add_layer_norm_affine_b128_768(res, br, rout, y, g, b, rows, eps);
             wf_layer_norm_gather_192(src, idx, out, g, b, n_out, n_src, eps);
             wf_layer_norm_gather_384(src, idx, out, g, b, n_out, n_src, eps);
             wf_layer_norm_gather_768(src, idx, out, g, b, n_out, n_src, eps);
@@ -204,9 +198,6 @@ impl Backend for Cpu {
             wf_gather_192(src, idx, out, n_out, n_src);
             wf_gather_384(src, idx, out, n_out, n_src);
             wf_gather_768(src, idx, out, n_out, n_src);
-            wf_gather_b128_192(src, idx, out, n_out, n_src);
-            wf_gather_b128_384(src, idx, out, n_out, n_src);
-            wf_gather_b128_768(src, idx, out, n_out, n_src);
             wf_gather_generic(src, idx, out, n_out, n_src, vecs);
             wf_add_layer_norm_gather_192(res, br, rout, idx, out, g, b, n_out, n_src, eps);
             wf_add_layer_norm_gather_384(res, br, rout, idx, out, g, b, n_out, n_src, eps);

@@ -153,26 +153,10 @@ fn run(
     }
     c.finite_nonneg(eps, "eps")?;
     let (g, b) = Affine::check(affine, &c, width, &[(&ys, "y"), (&rout, rout_name)])?;
-    // EXPERIMENT (removed before landing): 128-thread workgroups.
-    let b128 = std::env::var_os("WAVEFUSE_EXPERIMENT_B128").is_some();
-    let (name, block) = if b128 {
-        let n: &'static str = match name {
-            "wf_add_layer_norm_192" => "wf_add_layer_norm_b128_192",
-            "wf_add_layer_norm_384" => "wf_add_layer_norm_b128_384",
-            "wf_add_layer_norm_768" => "wf_add_layer_norm_b128_768",
-            "wf_add_layer_norm_affine_192" => "wf_add_layer_norm_affine_b128_192",
-            "wf_add_layer_norm_affine_384" => "wf_add_layer_norm_affine_b128_384",
-            _ => "wf_add_layer_norm_affine_b128_768",
-        };
-        (n, 128u32)
-    } else {
-        (name, ROW_BLOCK)
-    };
-    let blocks = rows.div_ceil(block as usize / layout.lanes);
-    let grid = c.grid(rows, blocks)?;
+    let grid = c.grid(rows, layout.blocks_for(rows))?;
     let l = Launch {
         grid: (grid, 1),
-        block,
+        block: ROW_BLOCK,
         shared_bytes: 0,
     };
     let args = [

@@ -205,21 +205,7 @@ pub fn gather(
         Arg::U64(n_out as u64),
         Arg::U64(plan.n_src as u64),
     ];
-    let b128 = std::env::var_os("WAVEFUSE_EXPERIMENT_B128").is_some();
-    let mut block = ROW_BLOCK;
     let (name, blocks) = match (fixed, RowLayout::for_width(width)) {
-        // EXPERIMENT (removed before landing): 128-thread workgroups.
-        (Some(name), Some(layout)) if b128 => {
-            block = 128;
-            (
-                match name {
-                    "wf_gather_192" => "wf_gather_b128_192",
-                    "wf_gather_384" => "wf_gather_b128_384",
-                    _ => "wf_gather_b128_768",
-                },
-                n_out.div_ceil(128 / layout.lanes),
-            )
-        }
         (Some(name), Some(layout)) => (name, layout.blocks_for(n_out)),
         _ => {
             args.push(Arg::U64((width / VEC_HALVES) as u64));
@@ -230,7 +216,7 @@ pub fn gather(
     let grid = c.grid(n_out, blocks)?;
     let l = Launch {
         grid: (grid, 1),
-        block,
+        block: ROW_BLOCK,
         shared_bytes: 0,
     };
     // SAFETY: the table was validated against n_src and lives as long as
