@@ -62,7 +62,7 @@ fi
 if has sanitize && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     for t in "$here"/bin/test-*; do
-      n=$(basename "$t"); case "$n" in test-amd_static|test-emu|test-gather_guard|test-wavefuse-suite|test-*-lib|test-hip*) continue;; esac  # no GPU work in these
+      n=$(basename "$t"); case "$n" in test-amd_static|test-emu|test-gather_guard|test-golden_mode|test-wavefuse-suite|test-*-lib|test-hip*) continue;; esac  # no GPU work in these (golden_mode drives the harness on the CPU backend)
       WAVEFUSE_TEST_GPU_ONLY=1 compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=4 > "$out/san-$tool-$n.log" 2>&1
       echo "$tool $n: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/san-$tool-$n.log" | tr '\n' ' ')" | tee -a "$out/sanitizer.txt"
     done
