@@ -375,19 +375,31 @@ fn bufs(
     )
 }
 
+/// In-place `add_layer_norm` over whole buffers, no affine.
+fn whole(
+    d: &Device,
+    r: &mut wavefuse::DeviceBuffer<f16>,
+    b: &wavefuse::DeviceBuffer<f16>,
+    y: &mut wavefuse::DeviceBuffer<f16>,
+    width: usize,
+    eps: f32,
+) -> Result<(), Error> {
+    add_layer_norm(
+        d,
+        &mut r.view_mut(),
+        &b.view(),
+        &mut y.view_mut(),
+        width,
+        None,
+        eps,
+    )
+}
+
 #[test]
 fn rejects_unsupported_width() {
     let d = cpu();
     let (mut r, b, mut y) = bufs(&d, 512);
-    let e = add_layer_norm(
-        &d,
-        &mut r.view_mut(),
-        &b.view(),
-        &mut y.view_mut(),
-        256,
-        None,
-        1e-5,
-    );
+    let e = whole(&d, &mut r, &b, &mut y, 256, 1e-5);
     assert!(
         matches!(e, Err(Error::UnsupportedWidth { width: 256, .. })),
         "{e:?}"
@@ -405,15 +417,7 @@ fn rejects_unsupported_width() {
 fn rejects_ragged_rows() {
     let d = cpu();
     let (mut r, b, mut y) = bufs(&d, 200);
-    let e = add_layer_norm(
-        &d,
-        &mut r.view_mut(),
-        &b.view(),
-        &mut y.view_mut(),
-        192,
-        None,
-        1e-5,
-    );
+    let e = whole(&d, &mut r, &b, &mut y, 192, 1e-5);
     assert!(
         matches!(e, Err(Error::RaggedRows { len: 200, .. })),
         "{e:?}"
@@ -424,15 +428,7 @@ fn rejects_ragged_rows() {
 fn rejects_empty_input() {
     let d = cpu();
     let (mut r, b, mut y) = bufs(&d, 0);
-    let e = add_layer_norm(
-        &d,
-        &mut r.view_mut(),
-        &b.view(),
-        &mut y.view_mut(),
-        192,
-        None,
-        1e-5,
-    );
+    let e = whole(&d, &mut r, &b, &mut y, 192, 1e-5);
     assert!(matches!(e, Err(Error::Empty { .. })), "{e:?}");
 }
 
@@ -441,15 +437,7 @@ fn rejects_branch_length_mismatch() {
     let d = cpu();
     let (mut r, _, mut y) = bufs(&d, 384);
     let b = d.upload(&vec![f16::ONE; 192]).expect("upload");
-    let e = add_layer_norm(
-        &d,
-        &mut r.view_mut(),
-        &b.view(),
-        &mut y.view_mut(),
-        192,
-        None,
-        1e-5,
-    );
+    let e = whole(&d, &mut r, &b, &mut y, 192, 1e-5);
     assert!(
         matches!(e, Err(Error::LengthMismatch { what: "branch", .. })),
         "{e:?}"
@@ -461,15 +449,7 @@ fn rejects_y_length_mismatch() {
     let d = cpu();
     let (mut r, b, _) = bufs(&d, 384);
     let mut y = d.alloc::<f16>(192).expect("alloc");
-    let e = add_layer_norm(
-        &d,
-        &mut r.view_mut(),
-        &b.view(),
-        &mut y.view_mut(),
-        192,
-        None,
-        1e-5,
-    );
+    let e = whole(&d, &mut r, &b, &mut y, 192, 1e-5);
     assert!(
         matches!(e, Err(Error::LengthMismatch { what: "y", .. })),
         "{e:?}"
@@ -590,15 +570,7 @@ fn rejects_bad_eps() {
     let d = cpu();
     let (mut r, b, mut y) = bufs(&d, 192);
     for eps in [-1e-5, f32::NAN, f32::INFINITY] {
-        let e = add_layer_norm(
-            &d,
-            &mut r.view_mut(),
-            &b.view(),
-            &mut y.view_mut(),
-            192,
-            None,
-            eps,
-        );
+        let e = whole(&d, &mut r, &b, &mut y, 192, eps);
         assert!(
             matches!(e, Err(Error::BadParameter { what: "eps", .. })),
             "{e:?}"
@@ -654,15 +626,7 @@ fn rejects_buffers_of_another_device() {
     let d2 = cpu();
     let (mut r, _, mut y) = bufs(&d1, 192);
     let b = d2.upload(&vec![f16::ONE; 192]).expect("upload");
-    let e = add_layer_norm(
-        &d1,
-        &mut r.view_mut(),
-        &b.view(),
-        &mut y.view_mut(),
-        192,
-        None,
-        1e-5,
-    );
+    let e = whole(&d1, &mut r, &b, &mut y, 192, 1e-5);
     assert!(
         matches!(e, Err(Error::WrongDevice { what: "branch", .. })),
         "{e:?}"

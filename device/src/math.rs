@@ -254,25 +254,11 @@ pub fn exp2_hw(x: f32) -> f32 {
     }
 }
 
-/// `1 / x` with the "algebraic" division (`rcp.rn.f32` on NVIDIA, the
-/// scaled reciprocal sequence on AMD): correctly rounded, cheaper than a
-/// general division.
-#[inline(always)]
-pub fn recip(x: f32) -> f32 {
-    #[cfg(any(target_arch = "amdgpu", target_arch = "nvptx64"))]
-    {
-        core::intrinsics::fdiv_algebraic(1.0, x)
-    }
-    #[cfg(not(any(target_arch = "amdgpu", target_arch = "nvptx64")))]
-    {
-        1.0 / x
-    }
-}
-
 /// `1 / x` from the hardware's approximate reciprocal (`rcp.approx.ftz.f32`
-/// on NVIDIA, `v_rcp_f32` on AMD: within 1 ulp, one instruction; `rcp.rn`
-/// costs five plus a slow-path branch), exact division on the host. For
-/// the GELU forms, whose argument lies in [1, inf].
+/// on NVIDIA, `v_rcp_f32` on AMD: within 1 ulp, one instruction; the
+/// correctly rounded `rcp.rn` costs five plus a slow-path branch), exact
+/// division on the host. For the GELU forms, whose argument lies in
+/// [1, inf].
 #[inline(always)]
 pub fn recip_approx(x: f32) -> f32 {
     #[cfg(target_arch = "nvptx64")]
