@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release -- [--backend auto|cuda|hip|cpu|cpu32] [--out DIR]
-//!                        [--reps N] [--only SUBSTRING] [--quick]
+//!                        [--reps N] [--only SUBSTRING|=NAME] [--quick]
 //! ```
 //! Writes `DIR/results.jsonl` (one record per case) and `DIR/chart.svg`.
 //! `wavefuse-suite check ...` is the golden mode (see `golden.rs`).
@@ -90,7 +90,10 @@ fn main() -> ExitCode {
         .filter(|c| {
             args.only
                 .as_ref()
-                .is_none_or(|o| c.name().contains(o.as_str()))
+                .is_none_or(|o| match o.strip_prefix('=') {
+                    Some(exact) => c.name() == exact,
+                    None => c.name().contains(o.as_str()),
+                })
         })
         .collect();
     let reps = if gpu { args.reps } else { args.reps.min(10) };

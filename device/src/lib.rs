@@ -24,7 +24,7 @@
 #![cfg_attr(target_arch = "amdgpu", feature(stdarch_amdgpu, link_llvm_intrinsics))]
 #![cfg_attr(
     target_arch = "nvptx64",
-    feature(stdarch_nvptx, link_llvm_intrinsics, repr_simd)
+    feature(stdarch_nvptx, link_llvm_intrinsics, repr_simd, asm_experimental_arch)
 )]
 
 #[cfg(not(any(target_arch = "amdgpu", target_arch = "nvptx64")))]

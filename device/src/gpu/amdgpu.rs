@@ -66,3 +66,9 @@ pub fn sqrt(x: f32) -> f32 {
 pub fn trap() -> ! {
     core::intrinsics::abort()
 }
+
+#[inline(always)]
+pub unsafe fn load_i32_keep(p: *const i32) -> i32 {
+    // SAFETY: caller contract.
+    unsafe { p.read() }
+}

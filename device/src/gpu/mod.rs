@@ -130,3 +130,17 @@ pub fn sqrt(x: f32) -> f32 {
 pub fn trap() -> ! {
     imp::trap()
 }
+
+/// Reads an `i32` that later launches read again (a gather table reused for
+/// every launch). On NVIDIA the load carries an L2 `evict_last` policy, so
+/// the table stays resident while the streamed tokens pass through L2 (as
+/// Inductor does for its index loads); measured on the H200, this took the
+/// gather 0.5-1% closer to a copy. A plain load on the other targets.
+///
+/// # Safety
+/// `p` must be valid for reading an aligned `i32`.
+#[inline(always)]
+pub unsafe fn load_i32_keep(p: *const i32) -> i32 {
+    // SAFETY: caller contract.
+    unsafe { imp::load_i32_keep(p) }
+}

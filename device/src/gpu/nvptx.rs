@@ -64,3 +64,25 @@ pub fn sqrt(x: f32) -> f32 {
 pub fn trap() -> ! {
     core::intrinsics::abort()
 }
+
+#[inline(always)]
+pub unsafe fn load_i32_keep(p: *const i32) -> i32 {
+    // No NVVM intrinsic carries an L2 cache policy, hence inline PTX
+    // (createpolicy and ld.global.L2::cache_hint: sm_80+, PTX 7.4+).
+    let r: i32;
+    // SAFETY: `p` is valid and aligned (caller contract); the block only
+    // reads memory and declares its one scratch register locally.
+    unsafe {
+        core::arch::asm!(
+            "{{",
+            ".reg .b64 keep;",
+            "createpolicy.fractional.L2::evict_last.b64 keep, 1.0;",
+            "ld.global.L2::cache_hint.b32 {r}, [{p}], keep;",
+            "}}",
+            r = out(reg32) r,
+            p = in(reg64) p,
+            options(readonly, nostack, preserves_flags)
+        );
+    }
+    r
+}

@@ -80,7 +80,7 @@ pub unsafe fn add_layer_norm_gather<
         }
     }
     // Every lane of the group, active or not, joins the reductions.
-    let (mean, rstd) = moments::<W, L, NV>(&v, eps);
+    let (mean, rstd) = moments::<W, L, NV>(&v, lane, eps);
     if active {
         let base = row as usize * W;
         if s.is_some() {

@@ -23,8 +23,9 @@ pub const GENERIC_LANES: u32 = 32;
 /// `idx` valid for `t + 1` entries.
 #[inline(always)]
 pub unsafe fn source_of(idx: *const i32, t: u64, n_src: u64) -> Option<usize> {
-    // SAFETY: caller contract.
-    let s = unsafe { idx.add(t as usize).read() };
+    // SAFETY: caller contract. The table is reused by every launch: keep it
+    // in L2.
+    let s = unsafe { gpu::load_i32_keep(idx.add(t as usize)) };
     (s >= 0 && (s as u64) < n_src).then_some(s as usize)
 }
 

@@ -37,7 +37,7 @@ pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AF
             v[k] = unsafe { load8(x.add(base + (k * L as usize + lane) * 8)) };
         }
     }
-    let (mean, rstd) = moments::<W, L, NV>(&v, eps);
+    let (mean, rstd) = moments::<W, L, NV>(&v, lane, eps);
     if active {
         for k in 0..NV {
             let col = (k * L as usize + lane) * 8;
@@ -58,11 +58,23 @@ pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AF
     }
 }
 
+/// Whether vector step `k` of `lane` lies inside the row. Always true, and
+/// known at compile time, when `L * NV` vectors cover the row exactly
+/// ([`wavefuse_shared::RowLayout::for_width`]); the last step of a
+/// [`wavefuse_shared::RowLayout::wide`] row leaves some lanes out.
+#[inline(always)]
+pub fn in_row<const W: usize, const L: u32, const NV: usize>(k: usize, lane: usize) -> bool {
+    L as usize * NV * 8 == W || (k * L as usize + lane) * 8 < W
+}
+
 /// Mean and 1/sqrt(biased variance + eps) of the group's row (f32).
+/// Steps outside the row ([`in_row`]) must hold zeros; they are left out of
+/// the variance.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
 pub fn moments<const W: usize, const L: u32, const NV: usize>(
     v: &[[f32; 8]; NV],
+    lane: usize,
     eps: f32,
 ) -> (f32, f32) {
     let mut s = 0.0f32;
@@ -74,9 +86,11 @@ pub fn moments<const W: usize, const L: u32, const NV: usize>(
     let mean = gpu::group_sum::<L>(s) / W as f32;
     let mut q = 0.0f32;
     for k in 0..NV {
-        for i in 0..8 {
-            let d = v[k][i] - mean;
-            q += d * d;
+        if in_row::<W, L, NV>(k, lane) {
+            for i in 0..8 {
+                let d = v[k][i] - mean;
+                q += d * d;
+            }
         }
     }
     let var = gpu::group_sum::<L>(q) / W as f32;

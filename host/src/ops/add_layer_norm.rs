@@ -119,10 +119,8 @@ fn run(
         width,
         supported: &LN_WIDTHS,
     };
-    let (Some(name), Some(layout)) = (
-        kernel_name(width, affine.is_some()),
-        RowLayout::for_width(width),
-    ) else {
+    let (Some(name), Some(layout)) = (kernel_name(width, affine.is_some()), RowLayout::wide(width))
+    else {
         return Err(unsupported);
     };
     let in_place = rout.is_none();
