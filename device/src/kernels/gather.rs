@@ -6,9 +6,10 @@
 //! the kernel still never reads out of bounds: any entry outside `0..n_src`
 //! (negative ones included) writes zeros.
 //!
-//! Fixed widths use [`wavefuse_shared::RowLayout`] (`L` lanes per token,
-//! `NV` vectors per lane); [`wf_gather_generic`] takes any width that is a
+//! Fixed widths use [`wavefuse_shared::layout::gather_layout`] (`L` lanes
+//! per token, `NV` vectors per lane); [`wf_gather_generic`] takes any width that is a
 //! multiple of 8 halves, with [`GENERIC_LANES`] lanes striding over a token.
+use super::layer_norm::in_row;
 use crate::gpu;
 use crate::vec::V8;
 use wavefuse_shared::ROW_BLOCK;
@@ -57,6 +58,9 @@ pub unsafe fn gather_rows<const W: usize, const L: u32, const NV: usize>(
     let mut v = [[0u32; 4]; NV];
     if let Some(s) = s {
         for k in 0..NV {
+            if !in_row::<W, L, NV>(k, lane) {
+                continue;
+            }
             let off = s * W + (k * L as usize + lane) * 8;
             // SAFETY: s < n_src; the vector lies inside the token; aligned.
             let r = unsafe { src.add(off).cast::<V8>().read() };
@@ -67,6 +71,9 @@ pub unsafe fn gather_rows<const W: usize, const L: u32, const NV: usize>(
     }
     let base = row as usize * W;
     for k in 0..NV {
+        if !in_row::<W, L, NV>(k, lane) {
+            continue;
+        }
         let off = base + (k * L as usize + lane) * 8;
         // SAFETY: row < n_out; the vector lies inside the token; aligned.
         unsafe { out.add(off).cast::<V8>().write(V8(v[k])) };
@@ -134,11 +141,11 @@ macro_rules! gather_entries {
     )*};
 }
 
-// L and NV must equal wavefuse_shared::RowLayout::for_width(W); the
+// L and NV must equal wavefuse_shared::layout::gather_layout(W); the
 // `layouts_match_shared` test below keeps them in step.
 gather_entries! {
     wf_gather_192: W = 192, L = 8, NV = 3;
-    wf_gather_384: W = 384, L = 16, NV = 3;
+    wf_gather_384: W = 384, L = 32, NV = 2;
     wf_gather_768: W = 768, L = 32, NV = 3;
 }
 
@@ -153,12 +160,12 @@ kernel! {
 
 #[cfg(test)]
 mod tests {
-    use wavefuse_shared::RowLayout;
+    use wavefuse_shared::layout::gather_layout;
 
     #[test]
     fn layouts_match_shared() {
-        for (w, l, nv) in [(192, 8, 3), (384, 16, 3), (768, 32, 3)] {
-            let s = RowLayout::for_width(w).expect("supported");
+        for (w, l, nv) in [(192, 8, 3), (384, 32, 2), (768, 32, 3)] {
+            let s = gather_layout(w).expect("supported");
             assert_eq!((s.lanes, s.vecs_per_lane), (l, nv));
         }
     }

@@ -13,7 +13,7 @@ use crate::{Error, Result};
 use half::f16;
 use wavefuse_device::kernels::GENERIC_LANES;
 use wavefuse_shared::index::{self, IndexError};
-use wavefuse_shared::layout::{ROW_BLOCK, RowLayout, VEC_HALVES};
+use wavefuse_shared::layout::{ROW_BLOCK, VEC_HALVES, gather_layout};
 
 /// A validated gather table on one device: output token `t` copies source
 /// token `table[t]`, or is zero when `table[t] == -1`
@@ -205,7 +205,7 @@ pub fn gather(
         Arg::U64(n_out as u64),
         Arg::U64(plan.n_src as u64),
     ];
-    let (name, blocks) = match (fixed, RowLayout::for_width(width)) {
+    let (name, blocks) = match (fixed, gather_layout(width)) {
         (Some(name), Some(layout)) => (name, layout.blocks_for(n_out)),
         _ => {
             args.push(Arg::U64((width / VEC_HALVES) as u64));
