@@ -11,11 +11,11 @@
 //! element is read and written by the same lane: in place is race-free.
 //! Padding rows and rows past the end load nothing but join the group
 //! reductions; padding rows are written as zeros.
-use super::add_layer_norm::normalise_store;
 use super::gather::source_of;
 use super::layer_norm::moments;
+use super::layer_norm_gather::store_gathered;
 use crate::gpu;
-use crate::vec::{V8, load8, store8};
+use crate::vec::{load8, store8};
 use wavefuse_shared::ROW_BLOCK;
 
 /// One row group's residual add + LayerNorm + gather.
@@ -82,30 +82,19 @@ pub unsafe fn add_layer_norm_gather<
     // Every lane of the group, active or not, joins the reductions.
     let (mean, rstd) = moments::<W, L, NV>(&v, lane, eps);
     if active {
-        let base = row as usize * W;
-        if s.is_some() {
-            // SAFETY: row < n_out; `out` row and affine vectors in bounds.
-            unsafe {
-                normalise_store::<W, L, NV, AFFINE>(
-                    &v,
-                    mean,
-                    rstd,
-                    out.add(base),
-                    gamma,
-                    beta,
-                    lane,
-                )
-            };
-        } else {
-            for k in 0..NV {
-                // SAFETY: row < n_out; the vector lies inside the row; aligned.
-                unsafe {
-                    out.add(base + (k * L as usize + lane) * 8)
-                        .cast::<V8>()
-                        .write(V8([0; 4]))
-                };
-            }
-        }
+        // SAFETY: row < n_out; `out` row and affine vectors in bounds.
+        unsafe {
+            store_gathered::<W, L, NV, AFFINE>(
+                &v,
+                s.is_some(),
+                mean,
+                rstd,
+                out.add(row as usize * W),
+                gamma,
+                beta,
+                lane,
+            )
+        };
     }
 }
 

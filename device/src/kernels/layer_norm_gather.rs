@@ -10,7 +10,7 @@
 //! padding, never read.
 use super::add_layer_norm::normalise_store;
 use super::gather::source_of;
-use super::layer_norm::moments;
+use super::layer_norm::{in_row, moments};
 use crate::gpu;
 use crate::vec::{V8, load8};
 use wavefuse_shared::ROW_BLOCK;
@@ -59,29 +59,53 @@ pub unsafe fn layer_norm_gather<
     // Every lane of the group, active or not, joins the reductions.
     let (mean, rstd) = moments::<W, L, NV>(&v, lane, eps);
     if active {
-        let base = row as usize * W;
-        if s.is_some() {
-            // SAFETY: row < n_out; `out` row and affine vectors in bounds.
+        // SAFETY: row < n_out; `out` row and affine vectors in bounds.
+        unsafe {
+            store_gathered::<W, L, NV, AFFINE>(
+                &v,
+                s.is_some(),
+                mean,
+                rstd,
+                out.add(row as usize * W),
+                gamma,
+                beta,
+                lane,
+            )
+        };
+    }
+}
+
+/// Writes one gathered output row: the normalised row when it has a source
+/// (see [`normalise_store`]), zeros for a padding row.
+///
+/// # Safety
+/// As for [`normalise_store`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn store_gathered<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
+    v: &[[f32; 8]; NV],
+    has_source: bool,
+    mean: f32,
+    rstd: f32,
+    out_row: *mut u16,
+    gamma: *const u16,
+    beta: *const u16,
+    lane: usize,
+) {
+    if has_source {
+        // SAFETY: caller contract.
+        unsafe { normalise_store::<W, L, NV, AFFINE>(v, mean, rstd, out_row, gamma, beta, lane) };
+        return;
+    }
+    for k in 0..NV {
+        if in_row::<W, L, NV>(k, lane) {
+            // SAFETY: the vector lies inside the row; aligned (caller contract).
             unsafe {
-                normalise_store::<W, L, NV, AFFINE>(
-                    &v,
-                    mean,
-                    rstd,
-                    out.add(base),
-                    gamma,
-                    beta,
-                    lane,
-                )
+                out_row
+                    .add((k * L as usize + lane) * 8)
+                    .cast::<V8>()
+                    .write(V8([0; 4]))
             };
-        } else {
-            for k in 0..NV {
-                // SAFETY: row < n_out; the vector lies inside the row; aligned.
-                unsafe {
-                    out.add(base + (k * L as usize + lane) * 8)
-                        .cast::<V8>()
-                        .write(V8([0; 4]))
-                };
-            }
         }
     }
 }
