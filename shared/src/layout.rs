@@ -8,13 +8,17 @@
 //! instruction of the group covers `lanes * 16` contiguous bytes.
 //! Reductions are butterflies over the group (`log2(lanes)` exchanges).
 //!
-//! Two layouts exist. [`RowLayout::for_width`] gives every lane three
-//! vectors and covers the row exactly. [`RowLayout::wide`] gives the row 32
-//! lanes, one vector each per step; lanes whose vector `k * 32 + l` lies past
-//! the row sit that step out (at width 192, 8 of 32 lanes idle). Measured on
-//! the H200 for add+LayerNorm, the wide layout was 1-3% faster at width 192:
-//! more threads, each with fewer bytes in flight, hid latency better than
-//! fewer threads carrying three vectors each.
+//! [`RowLayout::for_width`] gives every lane three vectors and covers the
+//! row exactly. [`RowLayout::with_lanes`] gives the row any power-of-two
+//! number of lanes, each taking `ceil(vectors / lanes)` steps; lanes whose
+//! vector `k * lanes + l` lies past the row sit that step out
+//! ([`RowLayout::wide`] is the 32-lane case: at width 192, 8 of 32 lanes
+//! idle). Which one a kernel uses was measured on the H200 per kernel
+//! family: for add+LayerNorm the wide layout was 1-3% faster at width 192
+//! (more threads, each with fewer bytes in flight, hid latency better than
+//! fewer threads carrying three vectors each), while plain LayerNorm was
+//! fastest with three vectors per lane; see [`gather_layout`] for the
+//! plain gather.
 
 /// Halves per 16-byte vector access.
 pub const VEC_HALVES: usize = 8;
@@ -53,17 +57,27 @@ impl RowLayout {
         })
     }
 
-    /// 32 lanes per row, `ceil(width / 256)` vector steps per lane, for the
-    /// widths with compiled kernels (`None` otherwise).
-    pub const fn wide(width: usize) -> Option<RowLayout> {
+    /// `lanes` lanes per row (a power of two, 1..=32), `ceil(width / (8 *
+    /// lanes))` vector steps per lane, for the widths with compiled kernels
+    /// (`None` otherwise, or for a bad lane count).
+    pub const fn with_lanes(width: usize, lanes: usize) -> Option<RowLayout> {
+        if !lanes.is_power_of_two() || lanes > 32 {
+            return None;
+        }
         match width {
             192 | 384 | 768 => Some(RowLayout {
                 width,
-                lanes: 32,
-                vecs_per_lane: (width / VEC_HALVES).div_ceil(32),
+                lanes,
+                vecs_per_lane: (width / VEC_HALVES).div_ceil(lanes),
             }),
             _ => None,
         }
+    }
+
+    /// 32 lanes per row, `ceil(width / 256)` vector steps per lane, for the
+    /// widths with compiled kernels (`None` otherwise).
+    pub const fn wide(width: usize) -> Option<RowLayout> {
+        RowLayout::with_lanes(width, 32)
     }
 
     /// Rows one workgroup of [`ROW_BLOCK`] threads covers.
@@ -78,12 +92,14 @@ impl RowLayout {
 }
 
 /// The layout of the plain gather's fixed-width kernels. Measured on the
-/// H200 (same process, three rounds each): at width 384 the wide layout
-/// moved tokens 1.3% faster than three vectors per lane; at width 192 it was
-/// 4-7% slower, so 192 keeps [`RowLayout::for_width`]. 768 is the same
-/// either way.
+/// H200 (same process, three rounds each, 2026-11-30): at width 192, 16
+/// lanes with two steps (the second one half-idle) moved tokens 2-3% faster
+/// than 8 lanes x 3 vectors, and faster than 4 x 6, 12 x 2, 24 x 1 and
+/// 32 x 1; at width 384 the wide layout was 1.3% faster than 16 x 3. 768
+/// is the same either way.
 pub const fn gather_layout(width: usize) -> Option<RowLayout> {
     match width {
+        192 => RowLayout::with_lanes(width, 16),
         384 => RowLayout::wide(width),
         _ => RowLayout::for_width(width),
     }
@@ -122,8 +138,26 @@ mod tests {
     }
 
     #[test]
+    fn lane_counts_cover_rows_with_the_fewest_steps() {
+        for w in LN_WIDTHS {
+            for lanes in [1, 2, 4, 8, 16, 32] {
+                let l = RowLayout::with_lanes(w, lanes).expect("supported");
+                let vecs = w / VEC_HALVES;
+                assert_eq!(l.lanes, lanes);
+                assert!(l.lanes * l.vecs_per_lane >= vecs);
+                assert!(l.lanes * (l.vecs_per_lane - 1) < vecs);
+                assert_eq!(ROW_BLOCK as usize % l.lanes, 0);
+            }
+            for bad in [0, 3, 12, 24, 64] {
+                assert_eq!(RowLayout::with_lanes(w, bad), None);
+            }
+        }
+        assert_eq!(RowLayout::with_lanes(100, 16), None);
+    }
+
+    #[test]
     fn gather_layouts() {
-        assert_eq!(gather_layout(192), RowLayout::for_width(192));
+        assert_eq!(gather_layout(192), RowLayout::with_lanes(192, 16));
         assert_eq!(gather_layout(384), RowLayout::wide(384));
         assert_eq!(gather_layout(768), RowLayout::for_width(768));
         assert_eq!(gather_layout(200), None);

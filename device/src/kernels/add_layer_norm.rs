@@ -15,7 +15,7 @@
 //! `residual_out == residual` (in place) is race-free. Rows past the end and
 //! steps past the row are predicated off; their lanes still join the group
 //! reductions.
-use super::layer_norm::{in_row, moments};
+use super::layer_norm::{in_row, moments, normalise_store};
 use crate::gpu;
 use crate::vec::{load8, store8};
 use wavefuse_shared::ROW_BLOCK;
@@ -78,45 +78,6 @@ pub unsafe fn add_layer_norm<const W: usize, const L: u32, const NV: usize, cons
         unsafe {
             normalise_store::<W, L, NV, AFFINE>(&v, mean, rstd, y.add(base), gamma, beta, lane)
         };
-    }
-}
-
-/// Writes `(v - mean) * rstd [* gamma + beta]` as halves: the lane's `NV`
-/// vectors of one row (vector `k * L + lane`, those inside the row)
-/// starting at `y_row`.
-///
-/// # Safety
-/// `y_row` valid for `W` halves, `gamma`/`beta` for `W` halves when
-/// `AFFINE`; all 16-byte aligned; `lane < L`.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)]
-pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
-    v: &[[f32; 8]; NV],
-    mean: f32,
-    rstd: f32,
-    y_row: *mut u16,
-    gamma: *const u16,
-    beta: *const u16,
-    lane: usize,
-) {
-    for k in 0..NV {
-        if !in_row::<W, L, NV>(k, lane) {
-            continue;
-        }
-        let col = (k * L as usize + lane) * 8;
-        let mut o = [0.0f32; 8];
-        for i in 0..8 {
-            o[i] = (v[k][i] - mean) * rstd;
-        }
-        if AFFINE {
-            // SAFETY: col + 8 <= W.
-            let (g, b) = unsafe { (load8(gamma.add(col)), load8(beta.add(col))) };
-            for i in 0..8 {
-                o[i] = o[i] * g[i] + b[i];
-            }
-        }
-        // SAFETY: col + 8 <= W.
-        unsafe { store8(y_row.add(col), o) };
     }
 }
 

@@ -4,15 +4,20 @@
 //! and `out[t] = idx[t] >= 0 ? LayerNorm(residual[idx[t]]) : 0`, the
 //! LayerNorm reading the ROUNDED sum (see [`super::add_layer_norm`]).
 //!
-//! Layout: [`wavefuse_shared::RowLayout`] over OUTPUT rows; the group that
-//! owns output row `t` also updates source row `idx[t]`. The host accepts
-//! only tables that name every source exactly once (a partition with
-//! padding), so every residual row is updated once, by one group, and each
-//! element is read and written by the same lane: in place is race-free.
+//! Layout: [`wavefuse_shared::RowLayout::for_width`] over OUTPUT rows, the
+//! layout of [`super::layer_norm_gather`]: the same reduction order, so the
+//! fused path gives the same bits as `add_layer_norm` followed by
+//! `layer_norm_gather` (measured on the H200, 16 lanes x 2 at width 192 and
+//! 32 x 2 at 384 would be 1-2% faster, at the price of that identity).
+//! The group that owns output row `t` also updates source row `idx[t]`.
+//! The host accepts only tables that name every source exactly once (a
+//! partition with padding), so every residual row is updated once, by one
+//! group, and each element is read and written by the same lane: in place
+//! is race-free.
 //! Padding rows and rows past the end load nothing but join the group
 //! reductions; padding rows are written as zeros.
 use super::gather::source_of;
-use super::layer_norm::moments;
+use super::layer_norm::{in_row, moments};
 use super::layer_norm_gather::store_gathered;
 use crate::gpu;
 use crate::vec::{load8, store8};
@@ -61,6 +66,9 @@ pub unsafe fn add_layer_norm_gather<
         let mut a = [[0.0f32; 8]; NV];
         let mut b = [[0.0f32; 8]; NV];
         for k in 0..NV {
+            if !in_row::<W, L, NV>(k, lane) {
+                continue;
+            }
             let off = s * W + (k * L as usize + lane) * 8;
             // SAFETY: s < n_src and the vector lies inside the token.
             unsafe {
@@ -69,6 +77,9 @@ pub unsafe fn add_layer_norm_gather<
             }
         }
         for k in 0..NV {
+            if !in_row::<W, L, NV>(k, lane) {
+                continue;
+            }
             for i in 0..8 {
                 // Round the sum to f16 once; LayerNorm reads the rounded value.
                 v[k][i] = ((a[k][i] + b[k][i]) as f16) as f32;
@@ -119,8 +130,9 @@ macro_rules! add_layer_norm_gather_entries {
     )*};
 }
 
-// L and NV must equal wavefuse_shared::RowLayout::for_width(W); the
-// `layouts_match_shared` test below keeps them in step.
+// L and NV must equal wavefuse_shared::RowLayout::for_width(W), the layout
+// of layer_norm_gather, so that the fused and unfused paths give the same
+// bits; the `layouts_match_shared` test below keeps them in step.
 add_layer_norm_gather_entries! {
     wf_add_layer_norm_gather_192, wf_add_layer_norm_gather_affine_192: W = 192, L = 8, NV = 3;
     wf_add_layer_norm_gather_384, wf_add_layer_norm_gather_affine_384: W = 384, L = 16, NV = 3;

@@ -144,7 +144,7 @@ macro_rules! gather_entries {
 // L and NV must equal wavefuse_shared::layout::gather_layout(W); the
 // `layouts_match_shared` test below keeps them in step.
 gather_entries! {
-    wf_gather_192: W = 192, L = 8, NV = 3;
+    wf_gather_192: W = 192, L = 16, NV = 2;
     wf_gather_384: W = 384, L = 32, NV = 2;
     wf_gather_768: W = 768, L = 32, NV = 3;
 }
@@ -164,7 +164,7 @@ mod tests {
 
     #[test]
     fn layouts_match_shared() {
-        for (w, l, nv) in [(192, 8, 3), (384, 32, 2), (768, 32, 3)] {
+        for (w, l, nv) in [(192, 16, 2), (384, 32, 2), (768, 32, 3)] {
             let s = gather_layout(w).expect("supported");
             assert_eq!((s.lanes, s.vecs_per_lane), (l, nv));
         }

@@ -33,35 +33,64 @@ pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AF
     let mut v = [[0.0f32; 8]; NV];
     if active {
         for k in 0..NV {
-            // SAFETY: row < rows and the vector lies inside the row.
-            v[k] = unsafe { load8(x.add(base + (k * L as usize + lane) * 8)) };
+            if in_row::<W, L, NV>(k, lane) {
+                // SAFETY: row < rows and the vector lies inside the row.
+                v[k] = unsafe { load8(x.add(base + (k * L as usize + lane) * 8)) };
+            }
         }
     }
     let (mean, rstd) = moments::<W, L, NV>(&v, lane, eps);
     if active {
-        for k in 0..NV {
-            let col = (k * L as usize + lane) * 8;
-            let mut o = [0.0f32; 8];
-            for i in 0..8 {
-                o[i] = (v[k][i] - mean) * rstd;
-            }
-            if AFFINE {
-                // SAFETY: col + 8 <= W.
-                let (g, b) = unsafe { (load8(gamma.add(col)), load8(beta.add(col))) };
-                for i in 0..8 {
-                    o[i] = o[i] * g[i] + b[i];
-                }
-            }
-            // SAFETY: as for the load.
-            unsafe { store8(y.add(base + col), o) };
+        // SAFETY: row < rows; `y` row and affine vectors in bounds.
+        unsafe {
+            normalise_store::<W, L, NV, AFFINE>(&v, mean, rstd, y.add(base), gamma, beta, lane)
+        };
+    }
+}
+
+/// Writes `(v - mean) * rstd [* gamma + beta]` as halves: the lane's `NV`
+/// vectors of one row (vector `k * L + lane`, those inside the row)
+/// starting at `y_row`.
+///
+/// # Safety
+/// `y_row` valid for `W` halves, `gamma`/`beta` for `W` halves when
+/// `AFFINE`; all 16-byte aligned; `lane < L`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
+    v: &[[f32; 8]; NV],
+    mean: f32,
+    rstd: f32,
+    y_row: *mut u16,
+    gamma: *const u16,
+    beta: *const u16,
+    lane: usize,
+) {
+    for k in 0..NV {
+        if !in_row::<W, L, NV>(k, lane) {
+            continue;
         }
+        let col = (k * L as usize + lane) * 8;
+        let mut o = [0.0f32; 8];
+        for i in 0..8 {
+            o[i] = (v[k][i] - mean) * rstd;
+        }
+        if AFFINE {
+            // SAFETY: col + 8 <= W.
+            let (g, b) = unsafe { (load8(gamma.add(col)), load8(beta.add(col))) };
+            for i in 0..8 {
+                o[i] = o[i] * g[i] + b[i];
+            }
+        }
+        // SAFETY: col + 8 <= W.
+        unsafe { store8(y_row.add(col), o) };
     }
 }
 
 /// Whether vector step `k` of `lane` lies inside the row. Always true, and
 /// known at compile time, when `L * NV` vectors cover the row exactly
 /// ([`wavefuse_shared::RowLayout::for_width`]); the last step of a
-/// [`wavefuse_shared::RowLayout::wide`] row leaves some lanes out.
+/// [`wavefuse_shared::RowLayout::with_lanes`] row may leave some lanes out.
 #[inline(always)]
 pub fn in_row<const W: usize, const L: u32, const NV: usize>(k: usize, lane: usize) -> bool {
     L as usize * NV * 8 == W || (k * L as usize + lane) * 8 < W

@@ -8,9 +8,8 @@
 //! group reductions; padding rows are written as zeros. An entry outside
 //! `0..n_src` (impossible after the host's validation) is treated as
 //! padding, never read.
-use super::add_layer_norm::normalise_store;
 use super::gather::source_of;
-use super::layer_norm::{in_row, moments};
+use super::layer_norm::{in_row, moments, normalise_store};
 use crate::gpu;
 use crate::vec::{V8, load8};
 use wavefuse_shared::ROW_BLOCK;
@@ -52,8 +51,10 @@ pub unsafe fn layer_norm_gather<
     let mut v = [[0.0f32; 8]; NV];
     if let Some(s) = s {
         for k in 0..NV {
-            // SAFETY: s < n_src and the vector lies inside the token.
-            v[k] = unsafe { load8(src.add(s * W + (k * L as usize + lane) * 8)) };
+            if in_row::<W, L, NV>(k, lane) {
+                // SAFETY: s < n_src and the vector lies inside the token.
+                v[k] = unsafe { load8(src.add(s * W + (k * L as usize + lane) * 8)) };
+            }
         }
     }
     // Every lane of the group, active or not, joins the reductions.
