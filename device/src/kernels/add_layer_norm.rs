@@ -64,11 +64,6 @@ pub unsafe fn add_layer_norm<const W: usize, const L: u32, const NV: usize, cons
                     // Round the sum to f16 once; LayerNorm reads the rounded value.
                     v[k][i] = ((a[k][i] + b[k][i]) as f16) as f32;
                 }
-                let off = base + (k * L as usize + lane) * 8;
-                // SAFETY: as for the loads; `v` holds f16 values, so the
-                // store's rounding is exact. In place, this lane already
-                // read `off`.
-                unsafe { store8(residual_out.add(off), v[k]) };
             }
         }
     }
@@ -78,6 +73,18 @@ pub unsafe fn add_layer_norm<const W: usize, const L: u32, const NV: usize, cons
         unsafe {
             normalise_store::<W, L, NV, AFFINE>(&v, mean, rstd, y.add(base), gamma, beta, lane)
         };
+        // The residual goes out last, after `y`: measured on the H200,
+        // 0.35% faster at [521280,192] than storing it before the
+        // reductions, the same within noise at the other Pangu shapes.
+        for k in 0..NV {
+            if in_row::<W, L, NV>(k, lane) {
+                let off = base + (k * L as usize + lane) * 8;
+                // SAFETY: as for the loads; `v` holds f16 values, so the
+                // store's rounding is exact. In place, this lane already
+                // read `off`.
+                unsafe { store8(residual_out.add(off), v[k]) };
+            }
+        }
     }
 }
 
