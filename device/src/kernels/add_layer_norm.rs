@@ -15,10 +15,8 @@
 //! `residual_out == residual` (in place) is race-free. Rows past the end and
 //! steps past the row are predicated off; their lanes still join the group
 //! reductions.
-use super::layer_norm::{in_row, moments, normalise_store};
-use crate::gpu;
+use super::layer_norm::{group_row, in_row, moments, normalise_store};
 use crate::vec::{load8, store8};
-use wavefuse_shared::ROW_BLOCK;
 
 /// One row group's residual add + LayerNorm.
 ///
@@ -38,9 +36,7 @@ pub unsafe fn add_layer_norm<const W: usize, const L: u32, const NV: usize, cons
     rows: u64,
     eps: f32,
 ) {
-    let tid = gpu::thread_id();
-    let lane = (tid % L) as usize;
-    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    let (lane, row) = group_row::<L>();
     let active = row < rows;
     let base = row as usize * W;
 

@@ -16,12 +16,10 @@
 //! is race-free.
 //! Padding rows and rows past the end load nothing but join the group
 //! reductions; padding rows are written as zeros.
-use super::gather::source_of;
-use super::layer_norm::{in_row, moments};
+use super::gather::source_of_row;
+use super::layer_norm::{group_row, in_row, moments};
 use super::layer_norm_gather::store_gathered;
-use crate::gpu;
 use crate::vec::{load8, store8};
-use wavefuse_shared::ROW_BLOCK;
 
 /// One row group's residual add + LayerNorm + gather.
 ///
@@ -50,16 +48,10 @@ pub unsafe fn add_layer_norm_gather<
     n_src: u64,
     eps: f32,
 ) {
-    let tid = gpu::thread_id();
-    let lane = (tid % L) as usize;
-    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    let (lane, row) = group_row::<L>();
     let active = row < n_out;
-    let s = if active {
-        // SAFETY: row < n_out.
-        unsafe { source_of(idx, row, n_src) }
-    } else {
-        None
-    };
+    // SAFETY: `idx` holds n_out entries.
+    let s = unsafe { source_of_row(idx, row, n_out, n_src) };
 
     let mut v = [[0.0f32; 8]; NV];
     if let Some(s) = s {

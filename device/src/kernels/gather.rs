@@ -9,7 +9,7 @@
 //! Fixed widths use [`wavefuse_shared::layout::gather_layout`] (`L` lanes
 //! per token, `NV` vectors per lane); [`wf_gather_generic`] takes any width that is a
 //! multiple of 8 halves, with [`GENERIC_LANES`] lanes striding over a token.
-use super::layer_norm::in_row;
+use super::layer_norm::{group_row, in_row};
 use crate::gpu;
 use crate::vec::V8;
 use wavefuse_shared::ROW_BLOCK;
@@ -30,6 +30,21 @@ pub unsafe fn source_of(idx: *const i32, t: u64, n_src: u64) -> Option<usize> {
     (s >= 0 && (s as u64) < n_src).then_some(s as usize)
 }
 
+/// [`source_of`] for output row `row`, or `None` past the end
+/// (`row >= n_out`) as well as for padding.
+///
+/// # Safety
+/// `idx` valid for `n_out` entries.
+#[inline(always)]
+pub unsafe fn source_of_row(idx: *const i32, row: u64, n_out: u64, n_src: u64) -> Option<usize> {
+    if row < n_out {
+        // SAFETY: row < n_out (caller contract on `idx`).
+        unsafe { source_of(idx, row, n_src) }
+    } else {
+        None
+    }
+}
+
 /// One row group's gather at a fixed width.
 ///
 /// # Safety
@@ -44,9 +59,7 @@ pub unsafe fn gather_rows<const W: usize, const L: u32, const NV: usize>(
     n_out: u64,
     n_src: u64,
 ) {
-    let tid = gpu::thread_id();
-    let lane = (tid % L) as usize;
-    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    let (lane, row) = group_row::<L>();
     if row >= n_out {
         // No collectives in this kernel: exiting early is allowed.
         return;

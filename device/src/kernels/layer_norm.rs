@@ -9,6 +9,17 @@ use crate::gpu;
 use crate::vec::{load8, store8};
 use wavefuse_shared::ROW_BLOCK;
 
+/// This lane's index in its row group and the group's row: groups of `L`
+/// consecutive lanes, [`ROW_BLOCK`]` / L` rows per workgroup (the
+/// [`wavefuse_shared::RowLayout`] launch shape every row kernel shares).
+#[inline(always)]
+pub fn group_row<const L: u32>() -> (usize, u64) {
+    let tid = gpu::thread_id();
+    let lane = (tid % L) as usize;
+    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    (lane, row)
+}
+
 /// One row group's LayerNorm.
 ///
 /// # Safety
@@ -24,9 +35,7 @@ pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AF
     rows: u64,
     eps: f32,
 ) {
-    let tid = gpu::thread_id();
-    let lane = (tid % L) as usize;
-    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    let (lane, row) = group_row::<L>();
     let active = row < rows;
     let base = row as usize * W;
 

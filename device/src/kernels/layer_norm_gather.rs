@@ -8,11 +8,9 @@
 //! group reductions; padding rows are written as zeros. An entry outside
 //! `0..n_src` (impossible after the host's validation) is treated as
 //! padding, never read.
-use super::gather::source_of;
-use super::layer_norm::{in_row, moments, normalise_store};
-use crate::gpu;
+use super::gather::source_of_row;
+use super::layer_norm::{group_row, in_row, moments, normalise_store};
 use crate::vec::{V8, load8};
-use wavefuse_shared::ROW_BLOCK;
 
 /// One row group's gathered LayerNorm.
 ///
@@ -37,16 +35,10 @@ pub unsafe fn layer_norm_gather<
     n_src: u64,
     eps: f32,
 ) {
-    let tid = gpu::thread_id();
-    let lane = (tid % L) as usize;
-    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    let (lane, row) = group_row::<L>();
     let active = row < n_out;
-    let s = if active {
-        // SAFETY: row < n_out.
-        unsafe { source_of(idx, row, n_src) }
-    } else {
-        None
-    };
+    // SAFETY: `idx` holds n_out entries.
+    let s = unsafe { source_of_row(idx, row, n_out, n_src) };
 
     let mut v = [[0.0f32; 8]; NV];
     if let Some(s) = s {
