@@ -20,7 +20,7 @@ import math
 import os
 import sys
 
-PEER_IMPLS = ("eager", "compile", "compile_max_autotune", "copy")
+PEER_IMPLS = ("eager", "compile", "compile_max_autotune", "copy", "wavefuse")
 
 
 def load_jsonl(path):
@@ -132,7 +132,32 @@ def markdown(rows, title=None):
                  "— = not measured in that run.")
     if notes:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
+    lines += same_process(rows)
     return "\n".join(lines) + "\n"
+
+
+def same_process(rows):
+    """Rows where peers.py also timed wavefuse's kernel itself (impl
+    "wavefuse", --wavefuse-ptx): the same tensors and timer as torch.compile,
+    in one process. Empty when there are none."""
+    out = []
+    for r in rows:
+        w = r["peers"].get("wavefuse")
+        if w is None:
+            continue
+        wv, ws = _peer_us(r, "wavefuse")
+        c, cs = _peer_us(r, "compile")
+        _, cps = _peer_us(r, "copy")
+        diff = _num(w.get("max_abs_diff_vs_eager"))
+        out.append(f"| {r['variant']} | {r['shape']} | {ws} | {cs} | {cps} | {_ratio(c, wv)} | "
+                   f"{'—' if diff is None else f'{diff:.3g}'} |")
+    if not out:
+        return []
+    return ["", "Same process: wavefuse's kernel launched by peers.py (--wavefuse-ptx) on the "
+            "tensors torch.compile is timed on, with the same events and rotation:", "",
+            "| variant | shape | wavefuse µs | compile µs | torch copy µs | vs compile "
+            "| max abs diff vs eager |",
+            "|---|---|---:|---:|---:|---:|---:|"] + out
 
 
 def main(argv=None):

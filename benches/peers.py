@@ -254,6 +254,7 @@ class Case:
         self.fn = fn
         self.make_set = make_set
         self.extra = extra or {}
+        self.wavefuse = None  # wavefuse's kernel on the same tensors (--wavefuse-ptx)
 
 
 def row_cases():
@@ -524,10 +525,15 @@ def run_case(case, impls, args, l2, ahead, env, emit):
 
     ref = None
     for impl in impls:
+        if impl == "wavefuse" and case.wavefuse is None:
+            continue
         t0 = time.time()
         try:
             if impl == "eager":
                 fn = case.fn
+                first_s = None
+            elif impl == "wavefuse":
+                fn = case.wavefuse
                 first_s = None
             else:
                 reset_compiler()
@@ -586,6 +592,19 @@ def run_case(case, impls, args, l2, ahead, env, emit):
     torch.cuda.empty_cache()
 
 
+def attach_wavefuse(cases, ptx):
+    import wf_launch
+    drv = wf_launch.Driver(ptx)
+    for c in cases:
+        if c.variant == "add_layer_norm":
+            c.wavefuse = wf_launch.add_layer_norm(drv)
+        elif c.variant == "gather":
+            z, h, w, _ = (int(v) for v in c.shape.split("x"))
+            lin = partition_index(z, h, w)
+            table = torch.where(lin == z * h * w, torch.full_like(lin, -1), lin).to(torch.int32)
+            c.wavefuse = wf_launch.gather(drv, table.contiguous())
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -599,6 +618,9 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=None, help="warm-up launches (default 10, --quick 3)")
     ap.add_argument("--no-launch-ahead", action="store_true",
                     help="no torch.cuda._sleep spacer before each timed loop")
+    ap.add_argument("--wavefuse-ptx", default=None, metavar="PTX",
+                    help="also time wavefuse's add_layer_norm and gather kernels from this PTX "
+                         "in this process, on the same tensors (impl 'wavefuse')")
     ap.add_argument("--list", action="store_true", help="list the cases and exit (no GPU needed)")
     ap.add_argument("--verbose", action="store_true", help="full tracebacks on failures")
     args = ap.parse_args(argv)
@@ -620,6 +642,12 @@ def main(argv=None):
     impls = ["eager"] if args.no_compile else ["eager", "compile", "compile_max_autotune"]
     if args.no_autotune and "compile_max_autotune" in impls:
         impls.remove("compile_max_autotune")
+    if args.wavefuse_ptx:
+        try:
+            attach_wavefuse(cases, args.wavefuse_ptx)
+            impls.append("wavefuse")
+        except Exception as e:
+            log(f"--wavefuse-ptx: not loaded, timing the peers only: {short_error(e)}")
     props = torch.cuda.get_device_properties(0)
     l2 = int(getattr(props, "L2_cache_size", 0) or 0)
     try:

@@ -83,26 +83,48 @@ fn time_loop(
 }
 
 /// Device work queued ahead of a timed loop (GPU backends only).
+///
+/// It keeps the device busy while the timed launches are queued, and it
+/// brings the clocks up from whatever the case's host-side setup left them
+/// at: the setup idles the GPU for up to a second, and a loop of 100
+/// launches of a 28 us kernel is too short to ramp the clocks by itself.
+/// `peers.py` does the same with 50 ms of `torch.cuda._sleep`, so both
+/// sides time from the same state.
 pub struct Spacer {
     a: DeviceBuffer<f16>,
     b: DeviceBuffer<f16>,
+    copies: usize,
 }
 
+/// Device time the spacer queues ahead of each timed loop, as in `peers.py`.
+const SPACER_MS: f64 = 50.0;
+
 impl Spacer {
-    /// 2 x 128 MiB buffers; `queue` copies them back and forth (~2 ms on an H200).
+    /// 2 x 128 MiB buffers; `queue` copies them back and forth for about
+    /// [`SPACER_MS`] (calibrated here with one timed copy).
     pub fn new(dev: &Device) -> wavefuse::Result<Option<Spacer>> {
         if dev.info().backend == wavefuse::BackendKind::Cpu {
             return Ok(None);
         }
         let n = 64 << 20;
-        Ok(Some(Spacer {
+        let mut sp = Spacer {
             a: dev.upload(&vec![f16::ONE; n])?,
             b: dev.alloc::<f16>(n)?,
-        }))
+            copies: 1,
+        };
+        let ms = std::env::var("WAVEFUSE_SPACER_MS")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(SPACER_MS);
+        sp.b.copy_from(&sp.a)?;
+        let t = time_loop(dev, 3, None, |_| sp.b.copy_from(&sp.a))?;
+        let per_copy = t.iter().copied().fold(f64::INFINITY, f64::min).max(1.0);
+        sp.copies = ((ms * 1e3 / per_copy).ceil() as usize).clamp(2, 10_000);
+        Ok(Some(sp))
     }
 
     fn queue(&mut self) -> wavefuse::Result<()> {
-        for i in 0..16 {
+        for i in 0..self.copies {
             if i % 2 == 0 {
                 self.b.copy_from(&self.a)?
             } else {

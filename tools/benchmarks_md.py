@@ -142,9 +142,9 @@ def render(results, peers, meta, meta_text, chart_rel, raw_links, notes_text="")
         "- **Events per launch.** After a cold first launch (harness) or the compile call (torch.compile) "
         f"and 10 warm-up launches, each of {reps_text} (per case) is timed on its own between two device "
         "events (`cudaEventRecord`/`hipEventRecord`; `torch.cuda.Event` for the peers). Neither side "
-        "lets the device wait for the host inside an event pair: the harness queues ~2 ms of device "
-        "copies ahead of each timed loop and reads all event pairs after it; the peers queue a GPU spin "
-        "(`torch.cuda._sleep`) before the loop (the record's `launch_ahead` says whether it was used).\n"
+        "lets the device wait for the host inside an event pair: the harness queues ~50 ms of device "
+        "copies ahead of each timed loop and reads all event pairs after it; the peers queue ~50 ms of GPU "
+        "spin (`torch.cuda._sleep`) before the loop (the record's `launch_ahead` says whether it was used).\n"
         "- **Statistics.** Median, with p10 and p90 (`sorted[round((n - 1) * p)]`); the raw samples are "
         "in the JSON.\n"
         "- **Bytes.** Each op's minimal traffic: every input read once, every output written once "
@@ -155,7 +155,12 @@ def render(results, peers, meta, meta_text, chart_rel, raw_links, notes_text="")
         "depends on size, so each case is compared with a copy of its own byte count.\n"
         "- **Peers.** PyTorch eager, `torch.compile` (default mode) and "
         "`torch.compile(mode=\"max-autotune-no-cudagraphs\")`, each compiled afresh per shape "
-        "(`dynamic=False`), written as the Pangu-Weather model code writes the op.")
+        "(`dynamic=False`), written as the Pangu-Weather model code writes the op.\n"
+        "- **Same process.** With `--wavefuse-ptx` (which `bundle/run.sh` passes), peers.py also loads "
+        "wavefuse's PTX through the CUDA driver API and times its add+LayerNorm and gather kernels on the "
+        "same tensors, rotation and events as torch.compile (impl `wavefuse`), and checks their outputs "
+        "against eager. That comparison cannot be moved by a difference between the two processes' "
+        "timers or allocations.")
     out.append("")
     if notes_text.strip():
         out.append(notes_text.rstrip("\n"))

@@ -80,7 +80,9 @@ if [ -x "$here/bin/bench-host_costs" ]; then
   grep -E "^[A-Za-z].*|time:" "$out/criterion.txt" | grep -v "^Benchmarking\|^Found" | paste - - >> "$out/suite.txt"
 fi
 if [ -f "$here/peers.py" ] && [ "$mode" != nopeers ]; then
-  PYTHONUNBUFFERED=1 python3 "$here/peers.py" --out "$out/harness/peers.jsonl" $([ "$mode" = quick ] && echo --quick) "${peer_flags[@]}" > "$out/peers.txt" 2>"$out/peers.err"
+  # --wavefuse-ptx: add_layer_norm and gather are also timed inside the
+  # peers process, on torch.compile's own tensors (impl "wavefuse").
+  PYTHONUNBUFFERED=1 python3 "$here/peers.py" --out "$out/harness/peers.jsonl" $([ "$mode" = quick ] && echo --quick) --wavefuse-ptx "$here/ptx/wavefuse_sm_90.ptx" "${peer_flags[@]}" > "$out/peers.txt" 2>"$out/peers.err"
   [ -f "$here/compare.py" ] && python3 "$here/compare.py" "$out/harness/results.jsonl" "$out/harness/peers.jsonl" | tee "$out/compare.md"
 fi
 fi

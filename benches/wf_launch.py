@@ -1,0 +1,85 @@
+"""wavefuse's own kernels launched inside the peers process (peers.py
+--wavefuse-ptx PATH): the same tensors, the same rotation and the same
+torch.cuda.Event timer as the torch.compile kernels they are compared with,
+so a cross-process difference in timing or allocation cannot decide a tie.
+
+The PTX is the one the host crate embeds (bundle/ptx/wavefuse_sm_90.ptx),
+loaded with the CUDA driver API through ctypes into PyTorch's current
+context. The launch geometry below must equal the host crate's
+(host/src/ops/add_layer_norm.rs, host/src/ops/gather.rs with
+wavefuse_shared::layout); every timed function is first checked against
+eager PyTorch by peers.py (max_abs_diff_vs_eager), which a wrong geometry
+would fail.
+"""
+import ctypes
+
+import torch
+
+ROW_BLOCK = 256  # wavefuse_shared::layout::ROW_BLOCK
+
+
+class Driver:
+    def __init__(self, ptx_path):
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")  # makes the primary context current
+        with open(ptx_path, "rb") as f:
+            ptx = f.read().replace(b"\0", b"") + b"\0"
+        self.mod = ctypes.c_void_p()
+        self._check(self.cu.cuModuleLoadData(ctypes.byref(self.mod), ctypes.c_char_p(ptx)),
+                    "cuModuleLoadData")
+        self.funcs = {}
+        self.cu.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
+            ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+
+    def _check(self, rc, what):
+        if rc != 0:
+            raise RuntimeError(f"{what} failed: CUresult {rc}")
+
+    def func(self, name):
+        if name not in self.funcs:
+            f = ctypes.c_void_p()
+            self._check(self.cu.cuModuleGetFunction(ctypes.byref(f), self.mod, name.encode()),
+                        f"cuModuleGetFunction({name})")
+            self.funcs[name] = f
+        return self.funcs[name]
+
+    def launch(self, name, grid, block, args):
+        """args: ctypes scalars (c_uint64 for pointers and u64, c_float)."""
+        params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        self._check(self.cu.cuLaunchKernel(self.func(name), grid, 1, 1, block, 1, 1, 0, stream,
+                                           params, None), f"cuLaunchKernel({name})")
+
+
+def ptr(t):
+    return ctypes.c_uint64(t.data_ptr())
+
+
+def add_layer_norm(drv):
+    """(residual, branch) -> (r, y), like peers.op_add_layer_norm (eps 1e-5)."""
+    def fn(residual, branch):
+        rows, width = residual.shape
+        r = torch.empty_like(residual)
+        y = torch.empty_like(residual)
+        per_block = ROW_BLOCK // 32  # RowLayout::wide: 32 lanes per row
+        drv.launch(f"wf_add_layer_norm_{width}", -(-rows // per_block), ROW_BLOCK,
+                   [ptr(residual), ptr(branch), ptr(r), ptr(y), ctypes.c_uint64(0),
+                    ctypes.c_uint64(0), ctypes.c_uint64(rows), ctypes.c_float(1e-5)])
+        return r, y
+    return fn
+
+
+def gather(drv, table):
+    """x [Z,H,W,C] -> window-partitioned tokens, like peers.op_gather; table
+    is the int32 partition table (-1 = zero padding)."""
+    def fn(x):
+        width = x.shape[-1]
+        n_src = x.numel() // width
+        n_out = table.numel()
+        out = torch.empty((n_out, width), device=x.device, dtype=x.dtype)
+        lanes = {192: 16, 384: 32}[width]  # layout::gather_layout
+        drv.launch(f"wf_gather_{width}", -(-n_out // (ROW_BLOCK // lanes)), ROW_BLOCK,
+                   [ptr(x), ptr(table), ptr(out), ctypes.c_uint64(n_out), ctypes.c_uint64(n_src)])
+        return out
+    return fn
