@@ -20,8 +20,6 @@ import math
 import os
 import sys
 
-PEER_IMPLS = ("eager", "compile", "compile_max_autotune", "copy", "wavefuse")
-
 
 def load_jsonl(path):
     """Records of a JSON lines file; blank and unparsable lines are skipped

@@ -84,12 +84,10 @@ fn time_loop(
 
 /// Device work queued ahead of a timed loop (GPU backends only).
 ///
-/// It keeps the device busy while the timed launches are queued, and it
-/// brings the clocks up from whatever the case's host-side setup left them
-/// at: the setup idles the GPU for up to a second, and a loop of 100
-/// launches of a 28 us kernel is too short to ramp the clocks by itself.
-/// `peers.py` does the same with 50 ms of `torch.cuda._sleep`, so both
-/// sides time from the same state.
+/// It keeps the device busy while the timed launches are queued. Its
+/// length matches `peers.py`'s 50 ms of `torch.cuda._sleep`, so both sides
+/// start their loops from the same state; on the H200, 1.1, 50 and 200 ms
+/// gave the same medians (BENCHMARKS.md, fifth session).
 pub struct Spacer {
     a: DeviceBuffer<f16>,
     b: DeviceBuffer<f16>,
