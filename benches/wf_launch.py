@@ -6,8 +6,8 @@ so a cross-process difference in timing or allocation cannot decide a tie.
 The PTX is the one the host crate embeds (bundle/ptx/wavefuse_sm_90.ptx),
 loaded with the CUDA driver API through ctypes into PyTorch's current
 context. The launch geometry below must equal the host crate's
-(host/src/ops/add_layer_norm.rs, host/src/ops/gather.rs with
-wavefuse_shared::layout); every timed function is first checked against
+(wavefuse_shared::AddLnShape for add+LayerNorm, wavefuse_shared::layout's
+gather_layout for the gather); every timed function is first checked against
 eager PyTorch by peers.py (max_abs_diff_vs_eager), which a wrong geometry
 would fail.
 """
@@ -62,8 +62,11 @@ def add_layer_norm(drv):
         rows, width = residual.shape
         r = torch.empty_like(residual)
         y = torch.empty_like(residual)
-        per_block = ROW_BLOCK // 32  # RowLayout::wide: 32 lanes per row
-        drv.launch(f"wf_add_layer_norm_{width}", -(-rows // per_block), ROW_BLOCK,
+        # wavefuse_shared::AddLnShape::for_width(width, nvptx=True): 2 rows
+        # per 32-lane group in one-warp workgroups at 384; 1 row per group
+        # in ROW_BLOCK-thread workgroups otherwise.
+        per_block, block = (2, 32) if width == 384 else (ROW_BLOCK // 32, ROW_BLOCK)
+        drv.launch(f"wf_add_layer_norm_{width}", -(-rows // per_block), block,
                    [ptr(residual), ptr(branch), ptr(r), ptr(y), ctypes.c_uint64(0),
                     ctypes.c_uint64(0), ctypes.c_uint64(rows), ctypes.c_float(1e-5)])
         return r, y

@@ -73,6 +73,37 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
+/// The sum of eight values as a balanced tree: three dependent adds
+/// instead of seven (LLVM may not reassociate a serial f32 sum).
+#[inline(always)]
+pub fn tree_sum8(v: [f32; 8]) -> f32 {
+    ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]))
+}
+
+/// `s / d` for a divisor known at compile time, without the IEEE
+/// division's range check and slow-path branch (`div.rn.f32`: FCHK, three
+/// FMAs and a call on NVIDIA): `q = s * (1/d)`, then one correction step
+/// with the exact remainder `s - q * d` (an FMA). The result is within an
+/// ulp of `s / d`, and exact whenever `s / d` is representable (a constant
+/// row's sum `W * c` gives back `c`, so its deviations are exactly 0;
+/// checked for every f16 `c` by the tests below). NaN or inf `s` gives NaN.
+#[inline(always)]
+pub fn div_const(s: f32, d: f32) -> f32 {
+    let inv = 1.0 / d;
+    let q = s * inv;
+    fma(fma(-q, d, s), inv, q)
+}
+
+/// `1 / sqrt(x)` as two IEEE operations (`sqrt.rn` then `rcp.rn` on
+/// NVIDIA), the same bits on every target: the LayerNorm family promises
+/// GPU results bit-identical to the emulator's. (The hardware
+/// `rsqrt.approx.f32` would save two slow-path branches per row; tried on
+/// the H200 on 2026-11-30 and dropped for that promise.)
+#[inline(always)]
+pub fn rsqrt(x: f32) -> f32 {
+    1.0 / crate::gpu::sqrt(x)
+}
+
 /// `|x|` (clears the sign bit; NaN stays NaN).
 #[inline(always)]
 pub fn abs(x: f32) -> f32 {
@@ -355,6 +386,32 @@ mod tests {
                 (-2000i32..=2000).map(move |d| f32::from_bits((c.to_bits() as i32 + d) as u32))
             });
         strided.chain(near).flat_map(|x| [x, -x])
+    }
+
+    #[test]
+    fn div_const_exact_for_constant_rows_and_within_1_ulp() {
+        for w in [192.0f32, 384.0, 768.0] {
+            // A row of W copies of one f16 value: the sum is exact in f32
+            // and the mean must come back exactly (deviations exactly 0).
+            for bits in 0..=u16::MAX {
+                let c = f16::from_bits(bits) as f32;
+                if !c.is_finite() {
+                    continue;
+                }
+                // (-0.0 comes back as +0.0: the same deviations.)
+                let got = div_const(w * c, w);
+                assert!(
+                    got == c && (c == 0.0 || got.to_bits() == c.to_bits()),
+                    "W {w} c {c}: {got}"
+                );
+            }
+            for s in samples().filter(|s| s.is_finite() && s.abs() < 1e36 && s.abs() > 1e-30) {
+                let e = ulps(div_const(s, w), s as f64 / w as f64);
+                assert!(e <= 1.0, "W {w} s {s}: {e} ulp");
+            }
+            assert!(div_const(f32::INFINITY, w).is_nan());
+            assert!(div_const(f32::NAN, w).is_nan());
+        }
     }
 
     #[test]

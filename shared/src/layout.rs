@@ -91,6 +91,67 @@ impl RowLayout {
     }
 }
 
+/// Threads in the smallest workgroup of a kernel build: one NVIDIA warp
+/// (32) or one gfx9 wavefront (64). The host (emulator) build uses 64: one
+/// build serves both emulated wave modes, and 64 threads are two whole
+/// warps in wave32.
+pub const fn min_block(nvptx: bool) -> u32 {
+    if nvptx { 32 } else { 64 }
+}
+
+/// Launch shape of the add+LayerNorm kernels: the 32-lane [`RowLayout::wide`]
+/// layout, `rows_per_group` rows per 32-lane group (their loads all in
+/// flight before the reductions, which run interleaved), `block` threads
+/// per workgroup.
+///
+/// Measured on the H200 (same process as torch.compile, 2026-11-30): at
+/// width 384, 2 rows per group in one-warp workgroups ran
+/// [32760,384] 28.22 us against 28.35-28.75 for 1 row per group in
+/// 256-thread workgroups (torch.compile: 28.13, with the same shape); at
+/// width 192, 1 row per group in 256-thread workgroups tied torch.compile,
+/// while 2 or 4 rows per group were 2.5-7% slower and one-warp workgroups
+/// with 1 row were 60% slower (too many workgroups to launch). Width 768
+/// keeps the 192 shape. On gfx9 the one-warp workgroup becomes one
+/// wavefront (two 32-lane groups).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddLnShape {
+    /// Lane layout of one row.
+    pub layout: RowLayout,
+    /// Rows per 32-lane group.
+    pub rows_per_group: usize,
+    /// Threads per workgroup.
+    pub block: u32,
+}
+
+impl AddLnShape {
+    /// The shape for a width with compiled kernels (`None` otherwise), for
+    /// the NVPTX build (`nvptx`) or the AMDGPU and host builds.
+    pub const fn for_width(width: usize, nvptx: bool) -> Option<AddLnShape> {
+        let Some(layout) = RowLayout::wide(width) else {
+            return None;
+        };
+        let (rows_per_group, block) = match width {
+            384 => (2, min_block(nvptx)),
+            _ => (1, ROW_BLOCK),
+        };
+        Some(AddLnShape {
+            layout,
+            rows_per_group,
+            block,
+        })
+    }
+
+    /// Rows one workgroup covers.
+    pub const fn rows_per_block(&self) -> usize {
+        self.block as usize / self.layout.lanes * self.rows_per_group
+    }
+
+    /// Workgroups needed for `rows` rows.
+    pub const fn blocks_for(&self, rows: usize) -> usize {
+        rows.div_ceil(self.rows_per_block())
+    }
+}
+
 /// The layout of the plain gather's fixed-width kernels. Measured on the
 /// H200 (same process, three rounds each, 2026-11-30): at width 192, 16
 /// lanes with two steps (the second one half-idle) moved tokens 2-3% faster
@@ -161,6 +222,27 @@ mod tests {
         assert_eq!(gather_layout(384), RowLayout::wide(384));
         assert_eq!(gather_layout(768), RowLayout::for_width(768));
         assert_eq!(gather_layout(200), None);
+    }
+
+    #[test]
+    fn add_ln_shapes_fill_whole_groups() {
+        for w in LN_WIDTHS {
+            for nvptx in [false, true] {
+                let s = AddLnShape::for_width(w, nvptx).expect("supported");
+                assert_eq!(Some(s.layout), RowLayout::wide(w));
+                assert_eq!(s.block as usize % s.layout.lanes, 0);
+                assert_eq!(s.block % min_block(nvptx), 0);
+                assert!(s.rows_per_group >= 1 && s.rows_per_block() >= 1);
+                assert_eq!(s.blocks_for(1), 1);
+                assert_eq!(s.blocks_for(s.rows_per_block()), 1);
+                assert_eq!(s.blocks_for(s.rows_per_block() + 1), 2);
+            }
+        }
+        let s = AddLnShape::for_width(384, true).expect("supported");
+        assert_eq!((s.rows_per_group, s.block, s.rows_per_block()), (2, 32, 2));
+        let s = AddLnShape::for_width(384, false).expect("supported");
+        assert_eq!((s.rows_per_group, s.block, s.rows_per_block()), (2, 64, 4));
+        assert_eq!(AddLnShape::for_width(100, true), None);
     }
 
     #[test]

@@ -13,4 +13,4 @@ pub mod layout;
 pub mod window;
 
 pub use index::PAD;
-pub use layout::{ROW_BLOCK, RowLayout, VEC_HALVES};
+pub use layout::{AddLnShape, ROW_BLOCK, RowLayout, VEC_HALVES};

@@ -81,6 +81,28 @@ pub fn group_sum<const LANES: u32>(mut v: f32) -> f32 {
     v
 }
 
+/// [`group_sum`] of `N` independent values at once, one exchange of each
+/// per butterfly step, so that their latencies overlap instead of adding
+/// up. Same order of additions as [`group_sum`], so the same bits.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub fn group_sum_n<const LANES: u32, const N: usize>(mut v: [f32; N]) -> [f32; N] {
+    let mut mask = 1;
+    while mask < LANES {
+        // Index loops, not iterators: they unroll before SROA, so the
+        // arrays stay in registers (iterators left them in local memory).
+        let mut o = [0.0f32; N];
+        for r in 0..N {
+            o[r] = shfl_xor_f32(v[r], mask);
+        }
+        for r in 0..N {
+            v[r] += o[r];
+        }
+        mask <<= 1;
+    }
+    v
+}
+
 /// Max over aligned groups of `LANES` consecutive lanes (see [`group_sum`]).
 /// NaN propagates.
 #[inline(always)]

@@ -3,30 +3,44 @@
 //! ROUNDED `r` (exactly what the unfused PyTorch path does), never from the
 //! unrounded f32 sum.
 //!
-//! The f16 add is an f32 add of the two widened halves rounded once to f16:
-//! f32 carries 24 >= 2 * 11 + 2 significand bits, so this double rounding
-//! is the correctly rounded f16 sum.
+//! The f16 sum is rounded once to nearest-even: `add.rn.f16x2` on NVIDIA;
+//! elsewhere an f32 add of the two widened halves rounded to f16, the same
+//! correctly rounded sum (f32 carries 24 >= 2 * 11 + 2 significand bits,
+//! so the double rounding is harmless).
 //!
-//! Layout: [`wavefuse_shared::RowLayout::wide`]: 32 lanes per row, one
-//! 16-byte vector per lane per step (at width 192, 8 of the 32 lanes load
-//! nothing). On the H200 this ran 1-3% faster than three vectors per lane
-//! at width 192 and no slower at 384. Each element is read once and
-//! `residual_out` / `y` written once, by the lane that read it, so
-//! `residual_out == residual` (in place) is race-free. Rows past the end and
-//! steps past the row are predicated off; their lanes still join the group
-//! reductions.
-use super::layer_norm::{group_row, in_row, moments, normalise_store};
-use crate::vec::{load8, store8};
+//! Layout: [`wavefuse_shared::AddLnShape`]: 32 lanes per row, one 16-byte
+//! vector per lane per step (at width 192, 8 of the 32 lanes load nothing),
+//! `R` rows per 32-lane group, `B`-thread workgroups. All `R` rows' loads
+//! are issued before any arithmetic waits on them, the rounded sums stay
+//! packed f16x2 until they are widened for the statistics, and the rows'
+//! reductions run interleaved. Only the loads and stores are conditional;
+//! everything between them is straight-line code. Each element is read
+//! once and `residual_out` / `y` written once, by the lane that read it,
+//! so `residual_out == residual` (in place) is race-free. Rows past the end
+//! and steps past the row are predicated off; their lanes still join the
+//! group reductions.
+use super::layer_norm::{in_row, lane_sq_dev, lane_sum, mean_of, normalise_store, rstd_of};
+use crate::gpu;
+use crate::vec::{V8, add_h2, load8_bits, store8_bits, widen2};
+use wavefuse_shared::AddLnShape;
 
-/// One row group's residual add + LayerNorm.
+/// `R` rows' residual add + LayerNorm per 32-lane group.
 ///
 /// # Safety
-/// `residual`, `branch`, `residual_out`, `y` valid for `rows * W` halves,
-/// `gamma`/`beta` for `W` halves when `AFFINE`; all 16-byte aligned.
-/// `residual_out` may equal `residual`; no other overlap with the outputs.
+/// Launched in `B`-thread workgroups. `residual`, `branch`, `residual_out`,
+/// `y` valid for `rows * W` halves, `gamma`/`beta` for `W` halves when
+/// `AFFINE`; all 16-byte aligned. `residual_out` may equal `residual`; no
+/// other overlap with the outputs.
 #[inline(always)]
-#[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // constant indices keep the row in registers
-pub unsafe fn add_layer_norm<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // constant indices keep the rows in registers
+pub unsafe fn add_layer_norm<
+    const W: usize,
+    const L: u32,
+    const NV: usize,
+    const R: usize,
+    const B: u32,
+    const AFFINE: bool,
+>(
     residual: *const u16,
     branch: *const u16,
     residual_out: *mut u16,
@@ -36,81 +50,123 @@ pub unsafe fn add_layer_norm<const W: usize, const L: u32, const NV: usize, cons
     rows: u64,
     eps: f32,
 ) {
-    let (lane, row) = group_row::<L>();
-    let active = row < rows;
-    let base = row as usize * W;
+    let tid = gpu::thread_id();
+    // SAFETY: the host launches B-thread workgroups (AddLnShape::block);
+    // with B = L (one warp) the group index folds to the block index.
+    unsafe { core::hint::assert_unchecked(tid < B) };
+    let lane = (tid % L) as usize;
+    let first = (u64::from(gpu::block_id()) * u64::from(B / L) + u64::from(tid / L)) * R as u64;
+    let off = |row: u64, k: usize| row as usize * W + (k * L as usize + lane) * 8;
 
-    let mut v = [[0.0f32; 8]; NV];
-    if active {
-        let mut a = [[0.0f32; 8]; NV];
-        let mut b = [[0.0f32; 8]; NV];
+    let mut v = [[[0.0f32; 8]; NV]; R];
+    let mut sum_bits = [[V8([0; 4]); NV]; R];
+    for r in 0..R {
+        let row = first + r as u64;
         for k in 0..NV {
-            if in_row::<W, L, NV>(k, lane) {
-                let off = base + (k * L as usize + lane) * 8;
+            let (a, b) = if row < rows && in_row::<W, L, NV>(k, lane) {
                 // SAFETY: row < rows and the vector lies inside the row.
                 unsafe {
-                    a[k] = load8(residual.add(off));
-                    b[k] = load8(branch.add(off));
+                    (
+                        load8_bits(residual.add(off(row, k))),
+                        load8_bits(branch.add(off(row, k))),
+                    )
                 }
-            }
-        }
-        for k in 0..NV {
-            if in_row::<W, L, NV>(k, lane) {
-                for i in 0..8 {
-                    // Round the sum to f16 once; LayerNorm reads the rounded value.
-                    v[k][i] = ((a[k][i] + b[k][i]) as f16) as f32;
-                }
+            } else {
+                (V8([0; 4]), V8([0; 4]))
+            };
+            for j in 0..4 {
+                // The f16 sum, rounded once (masked steps: +0.0). LayerNorm
+                // reads the rounded value; the residual is stored from the
+                // same bits.
+                let s = add_h2(a.0[j], b.0[j]);
+                sum_bits[r][k].0[j] = s;
+                let f = widen2(s);
+                v[r][k][2 * j] = f[0];
+                v[r][k][2 * j + 1] = f[1];
             }
         }
     }
-    let (mean, rstd) = moments::<W, L, NV>(&v, lane, eps);
-    if active {
-        // SAFETY: row < rows; `y` row and affine vectors in bounds.
-        unsafe {
-            normalise_store::<W, L, NV, AFFINE>(&v, mean, rstd, y.add(base), gamma, beta, lane)
-        };
-        // The residual goes out last, after `y`: measured on the H200,
-        // 0.35% faster at [521280,192] than storing it before the
-        // reductions, the same within noise at the other Pangu shapes.
-        for k in 0..NV {
-            if in_row::<W, L, NV>(k, lane) {
-                let off = base + (k * L as usize + lane) * 8;
-                // SAFETY: as for the loads; `v` holds f16 values, so the
-                // store's rounding is exact. In place, this lane already
-                // read `off`.
-                unsafe { store8(residual_out.add(off), v[k]) };
+    let mut sums = [0.0f32; R];
+    for r in 0..R {
+        sums[r] = lane_sum(&v[r]);
+    }
+    let sums = gpu::group_sum_n::<L, R>(sums);
+    let mut mean = [0.0f32; R];
+    let mut sq = [0.0f32; R];
+    for r in 0..R {
+        mean[r] = mean_of::<W>(sums[r]);
+        sq[r] = lane_sq_dev::<W, L, NV>(&v[r], mean[r], lane);
+    }
+    let sq = gpu::group_sum_n::<L, R>(sq);
+    for r in 0..R {
+        let row = first + r as u64;
+        if row < rows {
+            let rstd = rstd_of::<W>(sq[r], eps);
+            // SAFETY: row < rows; `y` row and affine vectors in bounds.
+            unsafe {
+                normalise_store::<W, L, NV, AFFINE>(
+                    &v[r],
+                    mean[r],
+                    rstd,
+                    y.add(row as usize * W),
+                    gamma,
+                    beta,
+                    lane,
+                )
+            };
+            // The residual goes out last, after `y`: measured on the H200,
+            // 0.35% faster at [521280,192] than storing it before the
+            // reductions, 0.9% faster at [32760,384] with one row per group,
+            // and the same with two.
+            for k in 0..NV {
+                if in_row::<W, L, NV>(k, lane) {
+                    // SAFETY: as for the loads. In place, this lane already
+                    // read this vector.
+                    unsafe { store8_bits(residual_out.add(off(row, k)), sum_bits[r][k]) };
+                }
             }
         }
     }
 }
 
+/// The launch shape of one width in this build (see [`AddLnShape`]).
+const fn shape(width: usize) -> AddLnShape {
+    match AddLnShape::for_width(width, cfg!(target_arch = "nvptx64")) {
+        Some(s) => s,
+        None => panic!("add_layer_norm: width without a launch shape"),
+    }
+}
+const S192: AddLnShape = shape(192);
+const S384: AddLnShape = shape(384);
+const S768: AddLnShape = shape(768);
+
 macro_rules! add_layer_norm_entries {
-    ($($plain:ident, $affine:ident: W = $w:literal, L = $l:literal, NV = $nv:literal;)*) => {$(
+    ($($plain:ident, $affine:ident: W = $w:literal, S = $s:ident, NV = $nv:literal;)*) => {$(
         kernel! {
             #[allow(clippy::too_many_arguments)]
             /// Residual add + LayerNorm without affine, fixed width.
             pub fn $plain(residual: *const u16, branch: *const u16, residual_out: *mut u16, y: *mut u16, gamma: *const u16, beta: *const u16, rows: u64, eps: f32) {
-                // SAFETY: extents checked by the host API.
-                unsafe { add_layer_norm::<$w, $l, $nv, false>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
+                // SAFETY: extents and launch shape checked by the host API.
+                unsafe { add_layer_norm::<$w, 32, $nv, { $s.rows_per_group }, { $s.block }, false>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
             }
         }
         kernel! {
             #[allow(clippy::too_many_arguments)]
             /// Residual add + LayerNorm with f16 gamma and beta, fixed width.
             pub fn $affine(residual: *const u16, branch: *const u16, residual_out: *mut u16, y: *mut u16, gamma: *const u16, beta: *const u16, rows: u64, eps: f32) {
-                // SAFETY: extents checked by the host API.
-                unsafe { add_layer_norm::<$w, $l, $nv, true>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
+                // SAFETY: extents and launch shape checked by the host API.
+                unsafe { add_layer_norm::<$w, 32, $nv, { $s.rows_per_group }, { $s.block }, true>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
             }
         }
     )*};
 }
 
-// L and NV must equal wavefuse_shared::RowLayout::wide(W); the
+// NV must equal the shape's layout.vecs_per_lane (and 32 its lanes); the
 // `layouts_match_shared` test below keeps them in step.
 add_layer_norm_entries! {
-    wf_add_layer_norm_192, wf_add_layer_norm_affine_192: W = 192, L = 32, NV = 1;
-    wf_add_layer_norm_384, wf_add_layer_norm_affine_384: W = 384, L = 32, NV = 2;
-    wf_add_layer_norm_768, wf_add_layer_norm_affine_768: W = 768, L = 32, NV = 3;
+    wf_add_layer_norm_192, wf_add_layer_norm_affine_192: W = 192, S = S192, NV = 1;
+    wf_add_layer_norm_384, wf_add_layer_norm_affine_384: W = 384, S = S384, NV = 2;
+    wf_add_layer_norm_768, wf_add_layer_norm_affine_768: W = 768, S = S768, NV = 3;
 }
 
 #[cfg(test)]
@@ -119,9 +175,13 @@ mod tests {
 
     #[test]
     fn layouts_match_shared() {
-        for (w, l, nv) in [(192, 32, 1), (384, 32, 2), (768, 32, 3)] {
-            let s = RowLayout::wide(w).expect("supported");
-            assert_eq!((s.lanes, s.vecs_per_lane), (l, nv));
+        for (w, s, nv) in [
+            (192, super::S192, 1),
+            (384, super::S384, 2),
+            (768, super::S768, 3),
+        ] {
+            assert_eq!(Some(s.layout), RowLayout::wide(w));
+            assert_eq!((s.layout.lanes, s.layout.vecs_per_lane), (32, nv));
         }
     }
 }

@@ -6,6 +6,7 @@
 //! three 16-byte vectors per lane). Rows past the end are predicated off,
 //! never returned early from: their lanes still join the group reductions.
 use crate::gpu;
+use crate::math;
 use crate::vec::{load8, store8};
 use wavefuse_shared::ROW_BLOCK;
 
@@ -100,39 +101,76 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
 /// known at compile time, when `L * NV` vectors cover the row exactly
 /// ([`wavefuse_shared::RowLayout::for_width`]); the last step of a
 /// [`wavefuse_shared::RowLayout::with_lanes`] row may leave some lanes out.
+/// 32-bit arithmetic (one compare, where `usize` costs two on NVIDIA).
 #[inline(always)]
 pub fn in_row<const W: usize, const L: u32, const NV: usize>(k: usize, lane: usize) -> bool {
-    L as usize * NV * 8 == W || (k * L as usize + lane) * 8 < W
+    L as usize * NV * 8 == W || (k as u32 * L + lane as u32) * 8 < W as u32
+}
+
+/// This lane's share of the row sum. Steps outside the row must hold zeros.
+/// Starts from the first step, not from 0.0 (`x + 0.0` is not an identity
+/// in IEEE arithmetic, so it would cost an add), and sums as a tree.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub fn lane_sum<const NV: usize>(v: &[[f32; 8]; NV]) -> f32 {
+    let mut s = v[0];
+    for k in 1..NV {
+        for i in 0..8 {
+            s[i] += v[k][i];
+        }
+    }
+    math::tree_sum8(s)
+}
+
+/// This lane's share of the squared deviations from `mean`; steps outside
+/// the row ([`in_row`]) are left out by a select, not a branch.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub fn lane_sq_dev<const W: usize, const L: u32, const NV: usize>(
+    v: &[[f32; 8]; NV],
+    mean: f32,
+    lane: usize,
+) -> f32 {
+    let mut q = [0.0f32; 8];
+    for k in 0..NV {
+        let inside = in_row::<W, L, NV>(k, lane);
+        for i in 0..8 {
+            let d = v[k][i] - mean;
+            let dd = if inside { d * d } else { 0.0 };
+            q[i] = if k == 0 { dd } else { q[i] + dd };
+        }
+    }
+    math::tree_sum8(q)
+}
+
+/// The mean from the row sum: [`math::div_const`] (exact for a constant
+/// row, so its deviations are exactly 0).
+#[inline(always)]
+pub fn mean_of<const W: usize>(sum: f32) -> f32 {
+    math::div_const(sum, W as f32)
+}
+
+/// `1 / sqrt(biased variance + eps)` from the sum of squared deviations
+/// ([`math::rsqrt`]).
+#[inline(always)]
+pub fn rstd_of<const W: usize>(sq_dev_sum: f32, eps: f32) -> f32 {
+    math::rsqrt(sq_dev_sum * (1.0 / W as f32) + eps)
 }
 
 /// Mean and 1/sqrt(biased variance + eps) of the group's row (f32).
-/// Steps outside the row ([`in_row`]) must hold zeros; they are left out of
-/// the variance.
+/// Steps outside the row ([`in_row`]) must hold zeros. The per-row scalar
+/// work is kept short because every warp waits on it between its loads
+/// and its stores (no IEEE division or square root with their slow-path
+/// branches; see [`mean_of`], [`rstd_of`]).
 #[inline(always)]
-#[allow(clippy::needless_range_loop)]
 pub fn moments<const W: usize, const L: u32, const NV: usize>(
     v: &[[f32; 8]; NV],
     lane: usize,
     eps: f32,
 ) -> (f32, f32) {
-    let mut s = 0.0f32;
-    for k in 0..NV {
-        for i in 0..8 {
-            s += v[k][i];
-        }
-    }
-    let mean = gpu::group_sum::<L>(s) / W as f32;
-    let mut q = 0.0f32;
-    for k in 0..NV {
-        if in_row::<W, L, NV>(k, lane) {
-            for i in 0..8 {
-                let d = v[k][i] - mean;
-                q += d * d;
-            }
-        }
-    }
-    let var = gpu::group_sum::<L>(q) / W as f32;
-    (mean, 1.0 / gpu::sqrt(var + eps))
+    let mean = mean_of::<W>(gpu::group_sum::<L>(lane_sum(v)));
+    let q = gpu::group_sum::<L>(lane_sq_dev::<W, L, NV>(v, mean, lane));
+    (mean, rstd_of::<W>(q, eps))
 }
 
 macro_rules! layer_norm_entries {

@@ -18,10 +18,12 @@ use super::Check;
 use super::layer_norm::Affine;
 use crate::backend::{Arg, Launch};
 use crate::buffer::{Span, View, ViewMut};
+use crate::device::BackendKind;
 use crate::device::Device;
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_shared::layout::{LN_WIDTHS, ROW_BLOCK, RowLayout};
+use wavefuse_shared::AddLnShape;
+use wavefuse_shared::layout::LN_WIDTHS;
 
 const OP: &str = "add_layer_norm";
 
@@ -119,8 +121,11 @@ fn run(
         width,
         supported: &LN_WIDTHS,
     };
-    let (Some(name), Some(layout)) = (kernel_name(width, affine.is_some()), RowLayout::wide(width))
-    else {
+    let nvptx = dev.info().backend == BackendKind::Cuda;
+    let (Some(name), Some(shape)) = (
+        kernel_name(width, affine.is_some()),
+        AddLnShape::for_width(width, nvptx),
+    ) else {
         return Err(unsupported);
     };
     let in_place = rout.is_none();
@@ -151,10 +156,11 @@ fn run(
     }
     c.finite_nonneg(eps, "eps")?;
     let (g, b) = Affine::check(affine, &c, width, &[(&ys, "y"), (&rout, rout_name)])?;
-    let grid = c.grid(rows, layout.blocks_for(rows))?;
+    let grid = c.grid(rows, shape.blocks_for(rows))?;
     let l = Launch {
         grid: (grid, 1),
-        block: ROW_BLOCK,
+        // The kernel build assumes exactly this workgroup size.
+        block: shape.block,
         shared_bytes: 0,
     };
     let args = [
