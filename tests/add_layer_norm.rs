@@ -314,23 +314,27 @@ fn classic_bug_normalising_unrounded_sum_is_caught() {
 }
 
 #[test]
-fn in_place_and_out_of_place_agree_and_backends_agree_bit_for_bit() {
+fn in_place_and_out_of_place_agree_and_backends_agree() {
+    // Within a backend, in place and out of place give the same bits.
+    // Across backends the residual is bit-exact everywhere; `y` follows
+    // `common::agrees_with_emulator` (the emulator, wave64, is the reference
+    // even where the suite runs GPU-only).
     let case = make_case(11, 384, 77, 2.0, 1.0, 0.1, true, 0);
-    let mut outs = Vec::new();
+    let emu = Device::open(wavefuse::Choice::Cpu(wavefuse::Wave::W64)).expect("emulator");
+    let reference = run(&emu, &case, true).expect("in place");
+    let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for dev in devices() {
+        let info = dev.info();
         let a = run(&dev, &case, true).expect("in place");
         let b = run(&dev, &case, false).expect("out of place");
-        let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&a.0), bits(&b.0), "{}", dev.info().name);
-        assert_eq!(bits(&a.1), bits(&b.1), "{}", dev.info().name);
-        outs.push((dev.info().name.clone(), bits(&a.0), bits(&a.1)));
-    }
-    for o in &outs[1..] {
-        assert!(
-            o.1 == outs[0].1 && o.2 == outs[0].2,
-            "{} differs from {}",
-            o.0,
-            outs[0].0
+        assert_eq!(bits(&a.0), bits(&b.0), "{}", info.name);
+        assert_eq!(bits(&a.1), bits(&b.1), "{}", info.name);
+        assert_eq!(bits(&a.0), bits(&reference.0), "{}: residual", info.name);
+        let differ = common::agrees_with_emulator(info.backend, &info.name, &a.1, &reference.1);
+        eprintln!(
+            "{}: {differ} of {} y elements differ from the emulator",
+            info.name,
+            a.1.len()
         );
     }
 }

@@ -178,12 +178,13 @@ fn big_row_counts_and_all_widths_every_backend() {
 }
 
 #[test]
-fn backends_agree_bit_for_bit_across_wave_modes() {
-    // Same source, same reduction order: wave32 and wave64 emulation (and a
-    // GPU when present) give identical bits.
+fn backends_agree_with_the_emulator() {
+    // Same source, same reduction order: wave32 and wave64 emulation give
+    // identical bits; a GPU agrees within `common::agrees_with_emulator`'s
+    // bound. The emulator is the reference even where the suite runs
+    // GPU-only.
     let case = make_case(7, 384, 77, 2.0, 1.0, true, 0);
-    let mut outs = Vec::new();
-    for dev in devices() {
+    let run = |dev: &Device| {
         let x = dev.upload(&case.x).expect("upload");
         let mut y = dev.upload(&vec![POISON; case.x.len()]).expect("upload");
         let g = dev
@@ -194,7 +195,7 @@ fn backends_agree_bit_for_bit_across_wave_modes() {
             .expect("upload");
         let (gv, bv) = (g.view(), b.view());
         layer_norm(
-            &dev,
+            dev,
             &x.view(),
             &mut y.view_mut(),
             384,
@@ -205,14 +206,17 @@ fn backends_agree_bit_for_bit_across_wave_modes() {
             case.eps,
         )
         .expect("launch");
-        outs.push((dev.info().name.clone(), y.download().expect("download")));
-    }
-    for (name, o) in &outs[1..] {
-        let same = o
-            .iter()
-            .zip(&outs[0].1)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{name} differs from {}", outs[0].0);
+        y.download().expect("download")
+    };
+    let reference = run(&cpu());
+    for dev in devices() {
+        let info = dev.info();
+        let differ = common::agrees_with_emulator(info.backend, &info.name, &run(&dev), &reference);
+        eprintln!(
+            "{}: {differ} of {} elements differ from the emulator",
+            info.name,
+            reference.len()
+        );
     }
 }
 

@@ -74,3 +74,32 @@ pub fn halves(rng: &mut Rng, n: usize, scale: f64, offset: f64) -> Vec<f16> {
         .map(|_| f16::from_f64((offset + scale * rng.normal()).clamp(-65504.0, 65504.0)))
         .collect()
 }
+
+/// Checks one case's output from `backend` against the emulator's
+/// (`reference`, from `Cpu(W64)`): the emulator in either wave mode and the
+/// HIP build (IEEE arithmetic throughout) must give the same bits; the
+/// NVIDIA build, whose kernels use the hardware's approximate reciprocal
+/// square root / exp2 / reciprocal, may move an element by one f16 ulp.
+/// Returns how many elements differ.
+pub fn agrees_with_emulator(
+    backend: wavefuse::BackendKind,
+    name: &str,
+    got: &[f16],
+    reference: &[f16],
+) -> usize {
+    assert_eq!(got.len(), reference.len(), "{name}: length");
+    let mut differ = 0;
+    for (i, (a, b)) in got.iter().zip(reference).enumerate() {
+        if a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) {
+            continue;
+        }
+        differ += 1;
+        assert!(
+            backend == wavefuse::BackendKind::Cuda,
+            "{name} differs from the emulator at {i}: {a} vs {b}"
+        );
+        let e = ulp_err(*a, b.to_f64());
+        assert!(e <= 1.0, "{name} at {i}: {a} vs emulator {b} ({e} ulp)");
+    }
+    differ
+}
