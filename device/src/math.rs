@@ -7,6 +7,8 @@
 //! with fused multiply-adds, so they compile to straight-line register code
 //! on every target and give the same bits on every target (IEEE f32
 //! operations and correctly rounded FMAs only; no hardware approximations).
+//! The exceptions are named as such: [`exp2_hw`], [`recip_approx`] and, on
+//! NVIDIA, [`rsqrt`] use the hardware's approximate instructions.
 //!
 //! Measured accuracy (unit tests below, against `libm`'s f64 functions):
 //! - [`exp`]: at most 1 ulp (f32) over the whole input range; exact 0 below
