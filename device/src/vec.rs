@@ -82,7 +82,7 @@ pub unsafe fn store8(p: *mut u16, v: [f32; 8]) {
         *w = pack2(v[2 * i], v[2 * i + 1]);
     }
     // SAFETY: caller contract.
-    unsafe { core::ptr::write(p.cast::<V8>(), V8(w)) }
+    unsafe { store8_bits(p, V8(w)) }
 }
 
 /// Stores eight halves given as raw bits at `p`.

@@ -72,13 +72,8 @@ pub fn shfl_xor_f32(v: f32, mask: u32) -> f32 {
 /// most 32); every lane of the group gets the sum. The order of additions
 /// is the same on every target, so results match bit for bit.
 #[inline(always)]
-pub fn group_sum<const LANES: u32>(mut v: f32) -> f32 {
-    let mut mask = 1;
-    while mask < LANES {
-        v += shfl_xor_f32(v, mask);
-        mask <<= 1;
-    }
-    v
+pub fn group_sum<const LANES: u32>(v: f32) -> f32 {
+    group_sum_n::<LANES, 1>([v])[0]
 }
 
 /// [`group_sum`] of `N` independent values at once, one exchange of each
