@@ -11,10 +11,13 @@
     any(target_arch = "amdgpu", target_arch = "nvptx64"),
     allow(internal_features)
 )]
-#![feature(f16)]
+// The GPU builds need nightly (`-Zbuild-std=core`, the kernel ABI, core's
+// `f16`); the host build (the emulator) uses none of these and builds on
+// stable.
 #![cfg_attr(
     any(target_arch = "amdgpu", target_arch = "nvptx64"),
     feature(
+        f16,
         abi_gpu_kernel,
         core_intrinsics,
         gpu_intrinsics,

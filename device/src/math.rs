@@ -36,6 +36,8 @@
 // compiler rounds them to f32 once.
 #![allow(clippy::excessive_precision)]
 
+use crate::gpu;
+
 /// Straight-line repetition of a block with `$k` bound to each literal in
 /// turn: `unroll!(k in [0, 1, 2] { ... })`. Kernels that keep arrays in
 /// registers index them only with constants; a loop whose body is too large
@@ -58,21 +60,14 @@ macro_rules! unroll {
 pub fn divisor(v: u32) -> core::num::NonZeroU32 {
     match core::num::NonZeroU32::new(v) {
         Some(d) => d,
-        None => crate::gpu::trap(),
+        None => gpu::trap(),
     }
 }
 
-/// `a * b + c` with one rounding.
+/// `a * b + c` with one rounding ([`gpu::fma`]).
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
-    #[cfg(any(target_arch = "amdgpu", target_arch = "nvptx64"))]
-    {
-        core::intrinsics::fmaf32(a, b, c)
-    }
-    #[cfg(not(any(target_arch = "amdgpu", target_arch = "nvptx64")))]
-    {
-        std::primitive::f32::mul_add(a, b, c)
-    }
+    gpu::fma(a, b, c)
 }
 
 /// The sum of eight values as a balanced tree: three dependent adds
@@ -96,25 +91,12 @@ pub fn div_const(s: f32, d: f32) -> f32 {
     fma(fma(-q, d, s), inv, q)
 }
 
-/// `1 / sqrt(x)`: on NVIDIA the hardware's `rsqrt.approx.f32` (relative
-/// error below 2^-22.9, subnormal inputs handled; one MUFU.RSQ where
-/// `sqrt.rn` + `rcp.rn` cost two slow-path branches in the middle of every
-/// warp's row, measured 0.5% of add+LayerNorm's time at [32760,384] on the
-/// H200), as torch.compile's LayerNorm kernels do (MUFU.RSQ in their SASS
-/// on the H200); elsewhere (gfx9, the emulator) two IEEE operations. The NVIDIA result can
-/// therefore move a LayerNorm output by one f16 ulp from the emulator's
-/// (tests assert that bound). `rsqrt(0) = inf`, NaN gives NaN.
+/// `1 / sqrt(x)` ([`gpu::rsqrt`]: the hardware approximation on NVIDIA,
+/// IEEE elsewhere). The NVIDIA result can therefore move a LayerNorm output
+/// by one f16 ulp from the emulator's (tests assert that bound).
 #[inline(always)]
 pub fn rsqrt(x: f32) -> f32 {
-    #[cfg(target_arch = "nvptx64")]
-    {
-        // SAFETY: a pure arithmetic intrinsic, defined for every input.
-        unsafe { nvvm_rsqrt_approx(x) }
-    }
-    #[cfg(not(target_arch = "nvptx64"))]
-    {
-        1.0 / crate::gpu::sqrt(x)
-    }
+    gpu::rsqrt(x)
 }
 
 /// `|x|` (clears the sign bit; NaN stays NaN).
@@ -252,27 +234,6 @@ pub fn gelu_tanh(x: f32) -> f32 {
     x / (1.0 + exp(-2.0 * u))
 }
 
-// The hardware approximations. `core::intrinsics::exp2f32` lowers to
-// `ex2.approx.f32` on NVIDIA, whose subnormal handling costs four extra
-// instructions per call; the throughput-bound kernels use the flush-to-zero
-// forms directly.
-#[cfg(target_arch = "nvptx64")]
-unsafe extern "C" {
-    #[link_name = "llvm.nvvm.ex2.approx.ftz.f"]
-    fn nvvm_ex2_approx_ftz(x: f32) -> f32;
-    #[link_name = "llvm.nvvm.rcp.approx.ftz.f"]
-    fn nvvm_rcp_approx_ftz(x: f32) -> f32;
-    #[link_name = "llvm.nvvm.rsqrt.approx.f"]
-    fn nvvm_rsqrt_approx(x: f32) -> f32;
-}
-#[cfg(target_arch = "amdgpu")]
-unsafe extern "C" {
-    #[link_name = "llvm.amdgcn.exp2.f32"]
-    fn amdgcn_exp2(x: f32) -> f32;
-    #[link_name = "llvm.amdgcn.rcp.f32"]
-    fn amdgcn_rcp(x: f32) -> f32;
-}
-
 /// `2^x` through the hardware's approximation on the GPU targets
 /// (`ex2.approx.ftz.f32` on NVIDIA: relative error below 2^-22; `v_exp_f32`
 /// on AMD, about 1 ulp), `exp2f` on the host. Subnormal inputs and results
@@ -284,20 +245,7 @@ unsafe extern "C" {
 /// f32 ulps, far below the f16 rounding of every output that uses it.
 #[inline(always)]
 pub fn exp2_hw(x: f32) -> f32 {
-    #[cfg(target_arch = "nvptx64")]
-    {
-        // SAFETY: a pure arithmetic intrinsic, defined for every input.
-        unsafe { nvvm_ex2_approx_ftz(x) }
-    }
-    #[cfg(target_arch = "amdgpu")]
-    {
-        // SAFETY: as above.
-        unsafe { amdgcn_exp2(x) }
-    }
-    #[cfg(not(any(target_arch = "amdgpu", target_arch = "nvptx64")))]
-    {
-        std::primitive::f32::exp2(x)
-    }
+    gpu::exp2_approx(x)
 }
 
 /// `1 / x` from the hardware's approximate reciprocal (`rcp.approx.ftz.f32`
@@ -307,20 +255,7 @@ pub fn exp2_hw(x: f32) -> f32 {
 /// [1, inf].
 #[inline(always)]
 pub fn recip_approx(x: f32) -> f32 {
-    #[cfg(target_arch = "nvptx64")]
-    {
-        // SAFETY: a pure arithmetic intrinsic, defined for every input.
-        unsafe { nvvm_rcp_approx_ftz(x) }
-    }
-    #[cfg(target_arch = "amdgpu")]
-    {
-        // SAFETY: as above.
-        unsafe { amdgcn_rcp(x) }
-    }
-    #[cfg(not(any(target_arch = "amdgpu", target_arch = "nvptx64")))]
-    {
-        1.0 / x
-    }
+    gpu::recip_approx(x)
 }
 
 /// `e^x` for softmax: `2^(x log2 e)` through [`exp2_hw`]. The product
@@ -409,7 +344,7 @@ mod tests {
             // A row of W copies of one f16 value: the sum is exact in f32
             // and the mean must come back exactly (deviations exactly 0).
             for bits in 0..=u16::MAX {
-                let c = f16::from_bits(bits) as f32;
+                let c = gpu::h2f(bits);
                 if !c.is_finite() {
                     continue;
                 }

@@ -15,6 +15,17 @@ pub enum BackendKind {
     Cpu,
 }
 
+impl BackendKind {
+    /// The kernel build this backend runs.
+    pub fn target(self) -> wavefuse_shared::Target {
+        match self {
+            BackendKind::Cuda => wavefuse_shared::Target::Nvptx,
+            BackendKind::Hip => wavefuse_shared::Target::Amdgpu,
+            BackendKind::Cpu => wavefuse_shared::Target::Host,
+        }
+    }
+}
+
 /// Lanes per wave for the CPU emulator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Wave {

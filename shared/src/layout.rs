@@ -20,6 +20,8 @@
 //! fastest with three vectors per lane; see [`gather_layout`] for the
 //! plain gather.
 
+use crate::Target;
+
 /// Halves per 16-byte vector access.
 pub const VEC_HALVES: usize = 8;
 
@@ -91,14 +93,6 @@ impl RowLayout {
     }
 }
 
-/// Threads in the smallest workgroup of a kernel build: one NVIDIA warp
-/// (32) or one gfx9 wavefront (64). The host (emulator) build uses 64: one
-/// build serves both emulated wave modes, and 64 threads are two whole
-/// warps in wave32.
-pub const fn min_block(nvptx: bool) -> u32 {
-    if nvptx { 32 } else { 64 }
-}
-
 /// Launch shape of the add+LayerNorm kernels: the 32-lane [`RowLayout::wide`]
 /// layout, `rows_per_group` rows per 32-lane group (their loads all in
 /// flight before the reductions, which run interleaved), `block` threads
@@ -124,14 +118,14 @@ pub struct AddLnShape {
 }
 
 impl AddLnShape {
-    /// The shape for a width with compiled kernels (`None` otherwise), for
-    /// the NVPTX build (`nvptx`) or the AMDGPU and host builds.
-    pub const fn for_width(width: usize, nvptx: bool) -> Option<AddLnShape> {
+    /// The shape for a width with compiled kernels (`None` otherwise) in
+    /// the build for `target`.
+    pub const fn for_width(width: usize, target: Target) -> Option<AddLnShape> {
         let Some(layout) = RowLayout::wide(width) else {
             return None;
         };
         let (rows_per_group, block) = match width {
-            384 => (2, min_block(nvptx)),
+            384 => (2, target.min_block()),
             _ => (1, ROW_BLOCK),
         };
         Some(AddLnShape {
@@ -227,22 +221,22 @@ mod tests {
     #[test]
     fn add_ln_shapes_fill_whole_groups() {
         for w in LN_WIDTHS {
-            for nvptx in [false, true] {
-                let s = AddLnShape::for_width(w, nvptx).expect("supported");
+            for t in [Target::Nvptx, Target::Amdgpu, Target::Host] {
+                let s = AddLnShape::for_width(w, t).expect("supported");
                 assert_eq!(Some(s.layout), RowLayout::wide(w));
                 assert_eq!(s.block as usize % s.layout.lanes, 0);
-                assert_eq!(s.block % min_block(nvptx), 0);
+                assert_eq!(s.block % t.min_block(), 0);
                 assert!(s.rows_per_group >= 1 && s.rows_per_block() >= 1);
                 assert_eq!(s.blocks_for(1), 1);
                 assert_eq!(s.blocks_for(s.rows_per_block()), 1);
                 assert_eq!(s.blocks_for(s.rows_per_block() + 1), 2);
             }
         }
-        let s = AddLnShape::for_width(384, true).expect("supported");
+        let s = AddLnShape::for_width(384, Target::Nvptx).expect("supported");
         assert_eq!((s.rows_per_group, s.block, s.rows_per_block()), (2, 32, 2));
-        let s = AddLnShape::for_width(384, false).expect("supported");
+        let s = AddLnShape::for_width(384, Target::Amdgpu).expect("supported");
         assert_eq!((s.rows_per_group, s.block, s.rows_per_block()), (2, 64, 4));
-        assert_eq!(AddLnShape::for_width(100, true), None);
+        assert_eq!(AddLnShape::for_width(100, Target::Nvptx), None);
     }
 
     #[test]

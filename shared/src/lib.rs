@@ -7,10 +7,13 @@
 #[cfg(feature = "alloc")]
 extern crate alloc;
 
+pub mod geometry;
 pub mod index;
 pub mod layout;
+pub mod target;
 #[cfg(feature = "alloc")]
 pub mod window;
 
 pub use index::PAD;
 pub use layout::{AddLnShape, ROW_BLOCK, RowLayout, VEC_HALVES};
+pub use target::Target;

@@ -1,6 +1,16 @@
 //! gfx9 (wave64) primitives through `core::arch::amdgpu`.
 use core::arch::amdgpu as a;
 use core::sync::atomic::{Ordering, fence};
+use wavefuse_shared::Target;
+
+pub const TARGET: Target = Target::Amdgpu;
+
+unsafe extern "C" {
+    #[link_name = "llvm.amdgcn.exp2.f32"]
+    fn amdgcn_exp2(x: f32) -> f32;
+    #[link_name = "llvm.amdgcn.rcp.f32"]
+    fn amdgcn_rcp(x: f32) -> f32;
+}
 
 #[inline(always)]
 pub fn thread_id() -> u32 {
@@ -71,4 +81,57 @@ pub fn trap() -> ! {
 pub unsafe fn load_i32_keep(p: *const i32) -> i32 {
     // SAFETY: caller contract.
     unsafe { p.read() }
+}
+
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    core::intrinsics::fmaf32(a, b, c)
+}
+
+#[inline(always)]
+pub fn rsqrt(x: f32) -> f32 {
+    1.0 / sqrt(x)
+}
+
+#[inline(always)]
+pub fn exp2_approx(x: f32) -> f32 {
+    // SAFETY: a pure arithmetic intrinsic (`v_exp_f32`), defined for every input.
+    unsafe { amdgcn_exp2(x) }
+}
+
+#[inline(always)]
+pub fn recip_approx(x: f32) -> f32 {
+    // SAFETY: a pure arithmetic intrinsic (`v_rcp_f32`), defined for every input.
+    unsafe { amdgcn_rcp(x) }
+}
+
+#[inline(always)]
+pub fn h2f(h: u16) -> f32 {
+    f16::from_bits(h) as f32
+}
+
+#[inline(always)]
+pub fn f2h(x: f32) -> u16 {
+    (x as f16).to_bits()
+}
+
+#[inline(always)]
+pub fn add_f16(a: u16, b: u16) -> u16 {
+    (f16::from_bits(a) + f16::from_bits(b)).to_bits()
+}
+
+#[inline(always)]
+pub fn pack2(lo: f32, hi: f32) -> u32 {
+    u32::from(f2h(lo)) | (u32::from(f2h(hi)) << 16)
+}
+
+#[inline(always)]
+pub fn add_h2(a: u32, b: u32) -> u32 {
+    let h = |w: u32, i: u32| h2f((w >> (16 * i)) as u16);
+    pack2(h(a, 0) + h(b, 0), h(a, 1) + h(b, 1))
+}
+
+#[inline(always)]
+pub fn widen2(w: u32) -> [f32; 2] {
+    [h2f(w as u16), h2f((w >> 16) as u16)]
 }

@@ -1,5 +1,9 @@
 //! Host primitives: answered by the SIMT emulator for the running thread.
 use crate::emu;
+use half::f16;
+use wavefuse_shared::Target;
+
+pub const TARGET: Target = Target::Host;
 
 #[inline(always)]
 pub fn thread_id() -> u32 {
@@ -57,4 +61,58 @@ pub fn trap() -> ! {
 pub unsafe fn load_i32_keep(p: *const i32) -> i32 {
     // SAFETY: caller contract.
     unsafe { p.read() }
+}
+
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    std::primitive::f32::mul_add(a, b, c)
+}
+
+#[inline(always)]
+pub fn rsqrt(x: f32) -> f32 {
+    1.0 / sqrt(x)
+}
+
+#[inline(always)]
+pub fn exp2_approx(x: f32) -> f32 {
+    std::primitive::f32::exp2(x)
+}
+
+#[inline(always)]
+pub fn recip_approx(x: f32) -> f32 {
+    1.0 / x
+}
+
+#[inline(always)]
+pub fn h2f(h: u16) -> f32 {
+    f16::from_bits(h).to_f32()
+}
+
+#[inline(always)]
+pub fn f2h(x: f32) -> u16 {
+    f16::from_f32(x).to_bits()
+}
+
+#[inline(always)]
+pub fn add_f16(a: u16, b: u16) -> u16 {
+    // The f32 sum of two halves is exact or within half an f32 ulp, and f32
+    // (24 bits) >= 2 * 11 + 2 bits: rounding it to f16 gives the correctly
+    // rounded f16 sum (no double-rounding error).
+    f2h(h2f(a) + h2f(b))
+}
+
+#[inline(always)]
+pub fn pack2(lo: f32, hi: f32) -> u32 {
+    u32::from(f2h(lo)) | (u32::from(f2h(hi)) << 16)
+}
+
+#[inline(always)]
+pub fn add_h2(a: u32, b: u32) -> u32 {
+    u32::from(add_f16(a as u16, b as u16))
+        | (u32::from(add_f16((a >> 16) as u16, (b >> 16) as u16)) << 16)
+}
+
+#[inline(always)]
+pub fn widen2(w: u32) -> [f32; 2] {
+    [h2f(w as u16), h2f((w >> 16) as u16)]
 }

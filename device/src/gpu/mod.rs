@@ -2,8 +2,17 @@
 //!
 //! Each target provides the same small set of primitives: ids, the wave
 //! size, a workgroup barrier, butterfly and indexed lane exchanges,
-//! launch-sized workgroup memory and one cache-policy load. Group
+//! launch-sized workgroup memory, one cache-policy load, f16 conversions
+//! and the few arithmetic instructions whose hardware form differs from
+//! IEEE (approximate `exp2`, reciprocal, reciprocal square root). Group
 //! reductions are built here from the exchanges, once for every target.
+//! Nothing outside this module (and its per-target files) names a
+//! `target_arch`.
+//!
+//! Halves cross the kernel ABI as `u16` bits. On the GPU targets they are
+//! converted with core's `f16` (native conversion instructions); on the
+//! host with the `half` crate (the same round-to-nearest-even bits), so the
+//! host build, and with it the emulator, needs no nightly feature.
 //!
 //! Collectives (exchanges, reductions, barriers) must be reached by every
 //! lane of the wave (every thread of the block for [`barrier`]): guard work
@@ -24,6 +33,11 @@ use nvptx as imp;
 mod host;
 #[cfg(not(any(target_arch = "amdgpu", target_arch = "nvptx64")))]
 use host as imp;
+
+pub use wavefuse_shared::Target;
+
+/// The instruction set of this build.
+pub const TARGET: Target = imp::TARGET;
 
 /// Thread index within the workgroup (x).
 #[inline(always)]
@@ -151,8 +165,8 @@ pub fn trap() -> ! {
 /// Reads an `i32` that later launches read again (a gather table reused for
 /// every launch). On NVIDIA the load carries an L2 `evict_last` policy, so
 /// the table stays resident while the streamed tokens pass through L2 (as
-/// Inductor does for its index loads); measured on the H200, this made the
-/// gather 0.2-1.3% faster. A plain load on the other targets.
+/// Inductor does for its index loads; the gather's measurements with and
+/// without it are in BENCHMARKS.md). A plain load on the other targets.
 ///
 /// # Safety
 /// `p` must be valid for reading an aligned `i32`.
@@ -160,4 +174,77 @@ pub fn trap() -> ! {
 pub unsafe fn load_i32_keep(p: *const i32) -> i32 {
     // SAFETY: caller contract.
     unsafe { imp::load_i32_keep(p) }
+}
+
+/// `a * b + c` with one rounding.
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    imp::fma(a, b, c)
+}
+
+/// `1 / sqrt(x)`: on NVIDIA the hardware's `rsqrt.approx.f32` (relative
+/// error below 2^-22.9, subnormal inputs handled, one MUFU.RSQ where
+/// `sqrt.rn` + `rcp.rn` cost two slow-path branches), as torch.compile's
+/// LayerNorm kernels do; elsewhere (gfx9, the emulator) an IEEE square root
+/// and division. `rsqrt(0) = inf`, NaN gives NaN.
+#[inline(always)]
+pub fn rsqrt(x: f32) -> f32 {
+    imp::rsqrt(x)
+}
+
+/// `2^x` through the hardware's approximation on the GPU targets
+/// (`ex2.approx.ftz.f32` on NVIDIA: relative error below 2^-22; `v_exp_f32`
+/// on AMD, about 1 ulp), `exp2f` on the host. Subnormal inputs and results
+/// are flushed to zero on the GPUs.
+#[inline(always)]
+pub fn exp2_approx(x: f32) -> f32 {
+    imp::exp2_approx(x)
+}
+
+/// `1 / x` from the hardware's approximate reciprocal (`rcp.approx.ftz.f32`
+/// on NVIDIA, `v_rcp_f32` on AMD: within 1 ulp, one instruction), exact
+/// division on the host.
+#[inline(always)]
+pub fn recip_approx(x: f32) -> f32 {
+    imp::recip_approx(x)
+}
+
+/// The half with bits `h`, widened to `f32` (exact).
+#[inline(always)]
+pub fn h2f(h: u16) -> f32 {
+    imp::h2f(h)
+}
+
+/// `x` rounded to the nearest half (ties to even), as bits.
+#[inline(always)]
+pub fn f2h(x: f32) -> u16 {
+    imp::f2h(x)
+}
+
+/// The correctly rounded f16 sum of two halves (bits in, bits out).
+#[inline(always)]
+pub fn add_f16(a: u16, b: u16) -> u16 {
+    imp::add_f16(a, b)
+}
+
+/// Two `f32` rounded to halves (nearest-even), `lo` in the low 16 bits: one
+/// `cvt.rn.f16x2.f32` on NVIDIA (two conversions and a byte permute
+/// otherwise).
+#[inline(always)]
+pub fn pack2(lo: f32, hi: f32) -> u32 {
+    imp::pack2(lo, hi)
+}
+
+/// The two halves of `a` and `b` added pairwise, each sum rounded once to
+/// f16 (the f32 sum of two halves rounded to f16 is the correctly rounded
+/// f16 sum): one `add.rn.f16x2` (HADD2) on NVIDIA on the words as loaded.
+#[inline(always)]
+pub fn add_h2(a: u32, b: u32) -> u32 {
+    imp::add_h2(a, b)
+}
+
+/// The two halves of `w` widened to `f32` (low half first).
+#[inline(always)]
+pub fn widen2(w: u32) -> [f32; 2] {
+    imp::widen2(w)
 }

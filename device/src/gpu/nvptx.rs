@@ -1,12 +1,34 @@
 //! NVIDIA (warp32) primitives through `core::arch::nvptx` and NVVM intrinsics.
 use core::arch::nvptx as n;
+use wavefuse_shared::Target;
+
+pub const TARGET: Target = Target::Nvptx;
 
 unsafe extern "C" {
     #[link_name = "llvm.nvvm.shfl.sync.bfly.i32"]
     fn shfl_sync_bfly_i32(member_mask: u32, v: u32, lane_mask: u32, clamp: u32) -> u32;
     #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
     fn shfl_sync_idx_i32(member_mask: u32, v: u32, src_lane: u32, clamp: u32) -> u32;
+    // `core::intrinsics::exp2f32` lowers to `ex2.approx.f32`, whose
+    // subnormal handling costs four extra instructions per call; the
+    // throughput-bound kernels use the flush-to-zero form directly.
+    #[link_name = "llvm.nvvm.ex2.approx.ftz.f"]
+    fn nvvm_ex2_approx_ftz(x: f32) -> f32;
+    #[link_name = "llvm.nvvm.rcp.approx.ftz.f"]
+    fn nvvm_rcp_approx_ftz(x: f32) -> f32;
+    #[link_name = "llvm.nvvm.rsqrt.approx.f"]
+    fn nvvm_rsqrt_approx(x: f32) -> f32;
 }
+
+/// Two halves as one 32-bit register (`.f16x2`).
+#[repr(simd)]
+#[derive(Clone, Copy)]
+struct H2([f16; 2]);
+
+/// Two `f32`, for the packed conversions.
+#[repr(simd)]
+#[derive(Clone, Copy)]
+struct F2([f32; 2]);
 
 #[inline(always)]
 pub fn thread_id() -> u32 {
@@ -85,4 +107,75 @@ pub unsafe fn load_i32_keep(p: *const i32) -> i32 {
         );
     }
     r
+}
+
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    core::intrinsics::fmaf32(a, b, c)
+}
+
+#[inline(always)]
+pub fn rsqrt(x: f32) -> f32 {
+    // SAFETY: a pure arithmetic intrinsic, defined for every input.
+    unsafe { nvvm_rsqrt_approx(x) }
+}
+
+#[inline(always)]
+pub fn exp2_approx(x: f32) -> f32 {
+    // SAFETY: a pure arithmetic intrinsic, defined for every input.
+    unsafe { nvvm_ex2_approx_ftz(x) }
+}
+
+#[inline(always)]
+pub fn recip_approx(x: f32) -> f32 {
+    // SAFETY: a pure arithmetic intrinsic, defined for every input.
+    unsafe { nvvm_rcp_approx_ftz(x) }
+}
+
+#[inline(always)]
+pub fn h2f(h: u16) -> f32 {
+    f16::from_bits(h) as f32
+}
+
+#[inline(always)]
+pub fn f2h(x: f32) -> u16 {
+    (x as f16).to_bits()
+}
+
+#[inline(always)]
+pub fn add_f16(a: u16, b: u16) -> u16 {
+    (f16::from_bits(a) + f16::from_bits(b)).to_bits()
+}
+
+#[inline(always)]
+pub fn pack2(lo: f32, hi: f32) -> u32 {
+    // SAFETY: an element-wise f32 -> f16 conversion of a two-lane vector
+    // (`fptrunc <2 x float>`: one `cvt.rn.f16x2.f32`); H2 and u32 are both
+    // 4 bytes.
+    unsafe {
+        let h: H2 = core::intrinsics::simd::simd_cast(F2([lo, hi]));
+        core::mem::transmute::<H2, u32>(h)
+    }
+}
+
+#[inline(always)]
+pub fn add_h2(a: u32, b: u32) -> u32 {
+    // SAFETY: H2 and u32 are both 4 bytes; an element-wise f16 add (one
+    // `add.rn.f16x2`).
+    unsafe {
+        let s: H2 = core::intrinsics::simd::simd_add(
+            core::mem::transmute::<u32, H2>(a),
+            core::mem::transmute::<u32, H2>(b),
+        );
+        core::mem::transmute::<H2, u32>(s)
+    }
+}
+
+#[inline(always)]
+pub fn widen2(w: u32) -> [f32; 2] {
+    // SAFETY: H2 and u32 are both 4 bytes; an element-wise widening.
+    unsafe {
+        let f: F2 = core::intrinsics::simd::simd_cast(core::mem::transmute::<u32, H2>(w));
+        core::mem::transmute::<F2, [f32; 2]>(f)
+    }
 }

@@ -114,10 +114,8 @@ pub unsafe fn add_layer_norm<
                     lane,
                 )
             };
-            // The residual goes out last, after `y`: measured on the H200,
-            // 0.35% faster at [521280,192] than storing it before the
-            // reductions, 0.9% faster at [32760,384] with one row per group,
-            // and the same with two.
+            // The residual goes out last, after `y` (faster than storing it
+            // before the reductions on the H200: BENCHMARKS.md).
             for k in 0..NV {
                 if in_row::<W, L, NV>(k, lane) {
                     // SAFETY: as for the loads. In place, this lane already
@@ -131,7 +129,7 @@ pub unsafe fn add_layer_norm<
 
 /// The launch shape of one width in this build (see [`AddLnShape`]).
 const fn shape(width: usize) -> AddLnShape {
-    match AddLnShape::for_width(width, cfg!(target_arch = "nvptx64")) {
+    match AddLnShape::for_width(width, gpu::TARGET) {
         Some(s) => s,
         None => panic!("add_layer_norm: width without a launch shape"),
     }

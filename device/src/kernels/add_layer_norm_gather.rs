@@ -7,8 +7,8 @@
 //! Layout: [`wavefuse_shared::RowLayout::for_width`] over OUTPUT rows, the
 //! layout of [`super::layer_norm_gather`]: the same reduction order, so the
 //! fused path gives the same bits as `add_layer_norm` followed by
-//! `layer_norm_gather` (measured on the H200, 16 lanes x 2 at width 192 and
-//! 32 x 2 at 384 would be 1-2% faster, at the price of that identity).
+//! `layer_norm_gather` (16 lanes x 2 at width 192 and 32 x 2 at 384 were
+//! faster on the H200, at the price of that identity: BENCHMARKS.md).
 //! The group that owns output row `t` also updates source row `idx[t]`.
 //! The host accepts only tables that name every source exactly once (a
 //! partition with padding), so every residual row is updated once, by one
@@ -19,6 +19,7 @@
 use super::gather::source_of_row;
 use super::layer_norm::{group_row, in_row, moments};
 use super::layer_norm_gather::store_gathered;
+use crate::gpu;
 use crate::vec::{load8, store8};
 
 /// One row group's residual add + LayerNorm + gather.
@@ -74,7 +75,7 @@ pub unsafe fn add_layer_norm_gather<
             }
             for i in 0..8 {
                 // Round the sum to f16 once; LayerNorm reads the rounded value.
-                v[k][i] = ((a[k][i] + b[k][i]) as f16) as f32;
+                v[k][i] = gpu::h2f(gpu::f2h(a[k][i] + b[k][i]));
             }
             let off = s * W + (k * L as usize + lane) * 8;
             // SAFETY: as for the loads; exact store of f16 values. This

@@ -15,13 +15,11 @@
 //! on the vector path, single halves on the scalar path) `GELU_BLOCK` apart,
 //! so every load instruction of a wave covers contiguous memory. No
 //! collectives: out-of-range items are simply predicated off.
+use crate::gpu;
 use crate::math::{gelu_erf_fast, gelu_tanh_fast};
 use crate::vec::{V8, store8};
+use wavefuse_shared::geometry::{GELU_BLOCK, GELU_PER_THREAD};
 
-/// Threads per workgroup.
-pub const GELU_BLOCK: u32 = 256;
-/// Items (vectors or scalars) per thread.
-pub const GELU_PER_THREAD: u32 = 4;
 // The `unroll!` lists below name 0..GELU_PER_THREAD.
 const _: () = assert!(GELU_PER_THREAD == 4);
 
@@ -38,7 +36,11 @@ fn gelu<const TANH: bool>(v: f32) -> f32 {
 /// `x + b` as PyTorch rounds it (see the module docs).
 #[inline(always)]
 fn add_bias<const BF16: bool>(x: f32, b: f32) -> f32 {
-    if BF16 { x + b } else { ((x + b) as f16) as f32 }
+    if BF16 {
+        x + b
+    } else {
+        gpu::h2f(gpu::f2h(x + b))
+    }
 }
 
 /// A bias half (f16 or bf16 bits) widened to f32.
@@ -47,7 +49,7 @@ fn widen<const BF16: bool>(bits: u16) -> f32 {
     if BF16 {
         f32::from_bits(u32::from(bits) << 16)
     } else {
-        f16::from_bits(bits) as f32
+        gpu::h2f(bits)
     }
 }
 
@@ -100,12 +102,12 @@ pub unsafe fn bias_gelu_vec<const TANH: bool, const BF16: bool>(
             let mut o = [0.0f32; 8];
             for (e, o) in o.iter_mut().enumerate() {
                 let sh = 16 * (e % 2);
-                let xh = f16::from_bits((xr[k].0[e / 2] >> sh) as u16);
+                let xh = (xr[k].0[e / 2] >> sh) as u16;
                 let bb = (br[k].0[e / 2] >> sh) as u16;
                 // f16 bias: a native f16 add (one instruction; the same
                 // bits as the f32 add rounded to f16, since f32 carries
                 // 2*11+2 bits and double rounding is then innocuous).
-                let v = if BF16 { xh as f32 + widen::<true>(bb) } else { (xh + f16::from_bits(bb)) as f32 };
+                let v = if BF16 { gpu::h2f(xh) + widen::<true>(bb) } else { gpu::h2f(gpu::add_f16(xh, bb)) };
                 *o = gelu::<TANH>(v);
             }
             let i = base + (k as u64) * u64::from(GELU_BLOCK);
@@ -141,14 +143,14 @@ pub unsafe fn bias_gelu_scalar<const TANH: bool, const BF16: bool>(
             let c = (i as u32) % cols;
             // SAFETY: i < n, c < cols (caller).
             let (xr, br) = unsafe { (*x.add(i as usize), *b.add(c as usize)) };
-            v[k] = add_bias::<BF16>(f16::from_bits(xr) as f32, widen::<BF16>(br));
+            v[k] = add_bias::<BF16>(gpu::h2f(xr), widen::<BF16>(br));
         }
     }
     for k in 0..P {
         if live[k] {
             let i = base + (k as u64) * u64::from(GELU_BLOCK);
             // SAFETY: i < n.
-            unsafe { *y.add(i as usize) = (gelu::<TANH>(v[k]) as f16).to_bits() };
+            unsafe { *y.add(i as usize) = gpu::f2h(gelu::<TANH>(v[k])) };
         }
     }
 }

@@ -18,10 +18,10 @@
 //! lanes busy), all loads of a pass in flight before its stores. The table
 //! lookup is per workgroup, issued after the first score loads. No
 //! collectives.
+use crate::gpu;
 use crate::vec::{V8, store8};
+use wavefuse_shared::geometry::ADD_BLOCK;
 
-/// Threads per workgroup (3 waves of 64, 6 warps of 32).
-pub const ADD_BLOCK: u32 = 192;
 /// Vectors per thread per pass (the `unroll!` lists name 0..7).
 const ADD_VECS: usize = 7;
 
@@ -142,7 +142,7 @@ pub unsafe fn bias_mask_add<const MASK: bool>(
 fn widen(v: V8) -> [f32; 8] {
     let mut o = [0.0f32; 8];
     for (i, o) in o.iter_mut().enumerate() {
-        *o = f16::from_bits((v.0[i / 2] >> (16 * (i % 2))) as u16) as f32;
+        *o = gpu::h2f((v.0[i / 2] >> (16 * (i % 2))) as u16);
     }
     o
 }

@@ -18,11 +18,11 @@
 //! `6 k + p` (k < 3), so each load instruction of a group covers 96
 //! contiguous bytes of its row. A wave32 holds 5 rows (2 lanes idle), a
 //! wave64 10 rows (4 idle): a [`SOFTMAX_BLOCK`]-thread workgroup is
-//! [`SOFTMAX_ROWS`] = 40 rows either way. Measured on the H200 against the
-//! alternatives: two lanes per row sent one 32-byte sector per row and load
-//! to L2 and was L2-request-bound (57% of a copy); a fully coalesced
-//! workgroup layout with row reductions through workgroup memory spent its
-//! time at barriers (63%). Here the reductions are three lane exchanges
+//! [`SOFTMAX_ROWS`] = 40 rows either way. The alternatives measured on the
+//! H200 (BENCHMARKS.md): two lanes per row sent one 32-byte sector per row
+//! and load to L2 and was L2-request-bound; a fully coalesced workgroup
+//! layout with row reductions through workgroup memory spent its time at
+//! barriers. Here the reductions are three lane exchanges
 //! (one butterfly, then indexed reads of the three pairs) and no barrier.
 //! Rows past the end are predicated off but join the exchanges. Scores are
 //! read once and probabilities written once; the output may be the input
@@ -30,15 +30,8 @@
 use crate::gpu;
 use crate::math::exp_hw;
 use crate::vec::{load8, store8};
+use wavefuse_shared::geometry::{SOFTMAX_BLOCK, SOFTMAX_LANES, SOFTMAX_ROWS, SOFTMAX_T};
 
-/// Row length with a kernel.
-pub const SOFTMAX_T: u32 = 144;
-/// Lanes per row.
-pub const SOFTMAX_LANES: u32 = 6;
-/// Threads per workgroup (4 waves of 64, 8 warps of 32).
-pub const SOFTMAX_BLOCK: u32 = 256;
-/// Rows per workgroup: 8 warps x 5 rows or 4 waves x 10 rows.
-pub const SOFTMAX_ROWS: u32 = 40;
 /// Vectors per lane.
 const NV: usize = (SOFTMAX_T / 8 / SOFTMAX_LANES) as usize;
 const _: () = assert!(NV == 3);

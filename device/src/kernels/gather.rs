@@ -13,9 +13,7 @@ use super::layer_norm::{group_row, in_row};
 use crate::gpu;
 use crate::vec::V8;
 use wavefuse_shared::ROW_BLOCK;
-
-/// Lanes that share one token in [`wf_gather_generic`] (fits wave32 and wave64).
-pub const GENERIC_LANES: u32 = 32;
+use wavefuse_shared::geometry::GENERIC_LANES;
 
 /// The source token for output token `t`, or `None` for padding (and for
 /// any entry outside `0..n_src`).

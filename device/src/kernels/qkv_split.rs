@@ -12,14 +12,9 @@
 //! items numbered in source order so reads are contiguous; each head row
 //! lands as 64 contiguous bytes. [`QKV_PER_THREAD`] items per thread,
 //! [`QKV_BLOCK`] apart. No collectives.
+use crate::gpu;
 use crate::vec::V8;
-
-/// Threads per workgroup.
-pub const QKV_BLOCK: u32 = 256;
-/// Vectors per thread.
-pub const QKV_PER_THREAD: u32 = 4;
-/// The only head dimension with a kernel.
-pub const QKV_HEAD_DIM: u32 = 32;
+use wavefuse_shared::geometry::{QKV_BLOCK, QKV_HEAD_DIM, QKV_PER_THREAD};
 
 /// Applies `x -> f16((x [+ b]) * s)` to eight packed halves (see the module
 /// docs for where rounding happens).
@@ -28,11 +23,11 @@ fn scale8<const BIAS: bool>(x: V8, b: V8, s: f32) -> V8 {
     let mut w = [0u32; 4];
     for e in 0..8 {
         let sh = 16 * (e % 2);
-        let mut v = f16::from_bits((x.0[e / 2] >> sh) as u16) as f32;
+        let mut v = gpu::h2f((x.0[e / 2] >> sh) as u16);
         if BIAS {
-            v = ((v + f16::from_bits((b.0[e / 2] >> sh) as u16) as f32) as f16) as f32;
+            v = gpu::h2f(gpu::f2h(v + gpu::h2f((b.0[e / 2] >> sh) as u16)));
         }
-        w[e / 2] |= u32::from(((v * s) as f16).to_bits()) << sh;
+        w[e / 2] |= u32::from(gpu::f2h(v * s)) << sh;
     }
     V8(w)
 }

@@ -18,7 +18,6 @@ use super::Check;
 use super::layer_norm::Affine;
 use crate::backend::{Arg, Launch};
 use crate::buffer::{Span, View, ViewMut};
-use crate::device::BackendKind;
 use crate::device::Device;
 use crate::{Error, Result};
 use half::f16;
@@ -121,10 +120,9 @@ fn run(
         width,
         supported: &LN_WIDTHS,
     };
-    let nvptx = dev.info().backend == BackendKind::Cuda;
     let (Some(name), Some(shape)) = (
         kernel_name(width, affine.is_some()),
-        AddLnShape::for_width(width, nvptx),
+        AddLnShape::for_width(width, dev.info().backend.target()),
     ) else {
         return Err(unsupported);
     };

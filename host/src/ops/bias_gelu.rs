@@ -27,7 +27,7 @@ use crate::buffer::{Span, View, ViewMut};
 use crate::device::Device;
 use crate::{Error, Result};
 use half::{bf16, f16};
-use wavefuse_device::kernels::{GELU_BLOCK, GELU_PER_THREAD};
+use wavefuse_shared::geometry::{GELU_BLOCK, GELU_PER_THREAD};
 
 /// Which GELU.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

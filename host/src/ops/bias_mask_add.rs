@@ -31,7 +31,7 @@ use crate::buffer::{DeviceBuffer, Span, View, ViewMut};
 use crate::device::Device;
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_device::kernels::ADD_BLOCK;
+use wavefuse_shared::geometry::ADD_BLOCK;
 
 /// A validated window -> index table (bias type or mask slot) on a device.
 pub struct WindowTable {

@@ -19,7 +19,7 @@ use crate::buffer::{Span, View, ViewMut};
 use crate::device::Device;
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_device::kernels::{SOFTMAX_BLOCK, SOFTMAX_ROWS, SOFTMAX_T};
+use wavefuse_shared::geometry::{SOFTMAX_BLOCK, SOFTMAX_ROWS, SOFTMAX_T};
 
 /// Row lengths (tokens per window) with a kernel.
 pub const SOFTMAX_TOKENS: [usize; 1] = [SOFTMAX_T as usize];

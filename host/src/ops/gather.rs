@@ -11,7 +11,7 @@ use crate::buffer::{DeviceBuffer, Span, View, ViewMut};
 use crate::device::Device;
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_device::kernels::GENERIC_LANES;
+use wavefuse_shared::geometry::GENERIC_LANES;
 use wavefuse_shared::index::{self, IndexError};
 use wavefuse_shared::layout::{ROW_BLOCK, VEC_HALVES, gather_layout};
 

@@ -20,7 +20,7 @@ use crate::buffer::{Span, View, ViewMut};
 use crate::device::Device;
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_device::kernels::{QKV_BLOCK, QKV_HEAD_DIM, QKV_PER_THREAD};
+use wavefuse_shared::geometry::{QKV_BLOCK, QKV_HEAD_DIM, QKV_PER_THREAD};
 
 /// Head dimensions with a kernel.
 pub const QKV_HEAD_DIMS: [usize; 1] = [QKV_HEAD_DIM as usize];
