@@ -40,6 +40,7 @@ pub mod gpu;
 mod entry;
 pub mod kernels;
 pub mod math;
+pub mod registry;
 pub mod vec;
 
 #[cfg(any(target_arch = "amdgpu", target_arch = "nvptx64"))]

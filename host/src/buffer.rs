@@ -1,8 +1,12 @@
-//! Typed device buffers and views.
-use crate::device::Device;
+//! Typed device memory: buffers wavefuse owns, and views — of those
+//! buffers, or of memory an engine owns ([`View::from_raw`]).
+use crate::backend::RawStream;
+use crate::device::{Device, Event};
+use crate::registry::{In, Out};
 use crate::{Error, Result};
 use std::marker::PhantomData;
 use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 mod sealed {
     pub trait Sealed {}
@@ -12,23 +16,60 @@ mod sealed {
 pub trait Elem: sealed::Sealed + bytemuck::Pod + Send + Sync + 'static {
     /// Short dtype name (`f16`, `bf16`, `f32`, `i32`).
     const NAME: &'static str;
+    /// The type kernels see it as (halves cross the kernel ABI as `u16`).
+    type Bits;
 }
 
 macro_rules! elems {
-    ($($t:ty => $n:literal),*) => {$(
+    ($($t:ty => $n:literal, $b:ty),*) => {$(
         impl sealed::Sealed for $t {}
         impl Elem for $t {
             const NAME: &'static str = $n;
+            type Bits = $b;
         }
     )*};
 }
-elems!(half::f16 => "f16", half::bf16 => "bf16", f32 => "f32", i32 => "i32");
+elems!(half::f16 => "f16", u16, half::bf16 => "bf16", u16, f32 => "f32", f32, i32 => "i32", i32);
+
+/// The work on callers' streams that reads or writes one wavefuse buffer,
+/// as the latest event of each such stream. The buffer's drop waits for
+/// them before freeing (its own stream it waits for anyway).
+#[derive(Default)]
+pub(crate) struct Tracker {
+    pending: Mutex<Vec<(RawStream, Arc<Event>)>>,
+}
+
+impl Tracker {
+    fn lock(&self) -> MutexGuard<'_, Vec<(RawStream, Arc<Event>)>> {
+        // A panic elsewhere while holding the lock leaves a valid list.
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Work on `stream` up to `done` uses the buffer. Events of one stream
+    /// complete in order, so the newest replaces the older one.
+    pub(crate) fn note(&self, stream: RawStream, done: &Arc<Event>) {
+        let mut p = self.lock();
+        match p.iter_mut().find(|(s, _)| *s == stream) {
+            Some(slot) => slot.1 = done.clone(),
+            None => p.push((stream, done.clone())),
+        }
+    }
+
+    fn wait_all(&self) {
+        for (_, done) in self.lock().drain(..) {
+            // A failed wait leaves nothing better to do than free: the
+            // device is in an error state either way.
+            let _ = done.synchronize();
+        }
+    }
+}
 
 /// An owned, typed allocation on one device.
 pub struct DeviceBuffer<T: Elem> {
     dev: Device,
     ptr: u64,
     len: usize,
+    uses: Tracker,
     _t: PhantomData<T>,
 }
 
@@ -44,20 +85,26 @@ impl<T: Elem> std::fmt::Debug for DeviceBuffer<T> {
     }
 }
 
+fn byte_len<T>(op: &'static str, len: usize) -> Result<usize> {
+    len.checked_mul(size_of::<T>()).ok_or(Error::BadParameter {
+        op,
+        what: "len",
+        value: len.to_string(),
+        why: "byte size overflows",
+    })
+}
+
 impl Device {
-    /// Allocates `len` elements (contents unspecified).
+    /// Allocates `len` elements (zero-filled on the emulator, unspecified
+    /// contents on a GPU).
     pub fn alloc<T: Elem>(&self, len: usize) -> Result<DeviceBuffer<T>> {
-        let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::BadParameter {
-            op: "alloc",
-            what: "len",
-            value: len.to_string(),
-            why: "byte size overflows",
-        })?;
+        let bytes = byte_len::<T>("alloc", len)?;
         let ptr = self.be.alloc(bytes)?;
         Ok(DeviceBuffer {
             dev: self.clone(),
             ptr,
             len,
+            uses: Tracker::default(),
             _t: PhantomData,
         })
     }
@@ -91,7 +138,8 @@ impl<T: Elem> DeviceBuffer<T> {
         &self.dev
     }
 
-    /// Overwrites the whole buffer from host memory.
+    /// Overwrites the whole buffer from host memory (on the device's own
+    /// stream, after the work queued there; returns when the copy is done).
     pub fn copy_from_host(&mut self, data: &[T]) -> Result<()> {
         if data.len() != self.len {
             return Err(Error::LengthMismatch {
@@ -101,12 +149,16 @@ impl<T: Elem> DeviceBuffer<T> {
                 expected: self.len,
             });
         }
+        // Work on callers' streams may still use the buffer.
+        self.uses.wait_all();
         // SAFETY: the range is this allocation.
         unsafe { self.dev.be.upload(self.ptr, bytemuck::cast_slice(data)) }
     }
 
-    /// Copies the whole buffer to host memory (waits for queued work).
+    /// Copies the whole buffer to host memory (waits for the work queued
+    /// on the device's own stream and on callers' streams that used it).
     pub fn download(&self) -> Result<Vec<T>> {
+        self.uses.wait_all();
         let mut out = vec![T::zeroed(); self.len];
         // SAFETY: the range is this allocation.
         unsafe {
@@ -117,7 +169,8 @@ impl<T: Elem> DeviceBuffer<T> {
         Ok(out)
     }
 
-    /// Queues a device-to-device copy of all of `src` into this buffer.
+    /// Queues a device-to-device copy of all of `src` into this buffer on
+    /// the device's own stream.
     pub fn copy_from(&mut self, src: &DeviceBuffer<T>) -> Result<()> {
         self.dev.check_same(src.dev.id, "copy_from", "src")?;
         if src.len != self.len {
@@ -128,11 +181,17 @@ impl<T: Elem> DeviceBuffer<T> {
                 expected: self.len,
             });
         }
-        // SAFETY: both ranges are whole allocations of this device.
+        self.uses.wait_all();
+        src.uses.wait_all();
+        // SAFETY: both ranges are whole allocations of this device; the
+        // own stream.
         unsafe {
-            self.dev
-                .be
-                .copy(self.ptr, src.ptr, self.len * size_of::<T>())
+            self.dev.be.copy(
+                self.ptr,
+                src.ptr,
+                self.len * size_of::<T>(),
+                self.dev.be.own_stream(),
+            )
         }
     }
 
@@ -142,6 +201,7 @@ impl<T: Elem> DeviceBuffer<T> {
             dev: self.dev.id,
             ptr: self.ptr,
             len: self.len,
+            owner: Some(&self.uses),
             _b: PhantomData,
         }
     }
@@ -152,6 +212,7 @@ impl<T: Elem> DeviceBuffer<T> {
             dev: self.dev.id,
             ptr: self.ptr,
             len: self.len,
+            owner: Some(&self.uses),
             _b: PhantomData,
         }
     }
@@ -162,6 +223,7 @@ impl<T: Elem> DeviceBuffer<T> {
             dev: self.dev.id,
             ptr: self.ptr + (r.start * size_of::<T>()) as u64,
             len: r.end - r.start,
+            owner: Some(&self.uses),
             _b: PhantomData,
         })
     }
@@ -172,6 +234,7 @@ impl<T: Elem> DeviceBuffer<T> {
             dev: self.dev.id,
             ptr: self.ptr + (r.start * size_of::<T>()) as u64,
             len: r.end - r.start,
+            owner: Some(&self.uses),
             _b: PhantomData,
         })
     }
@@ -179,47 +242,141 @@ impl<T: Elem> DeviceBuffer<T> {
 
 impl<T: Elem> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        // SAFETY: allocated by this backend; views borrow the buffer, so none outlive it.
+        self.uses.wait_all();
+        // SAFETY: allocated by this backend; views borrow the buffer, so
+        // none outlive it; work on callers' streams is done (above) and
+        // `free` waits for the own stream.
         unsafe { self.dev.be.free(self.ptr) }
     }
 }
 
-/// A read-only range of a device buffer.
+/// A read-only range of device memory: of a [`DeviceBuffer`] (borrowed
+/// from it) or of memory wavefuse did not allocate ([`View::from_raw`]).
 #[derive(Clone, Copy)]
 pub struct View<'a, T: Elem> {
     pub(crate) dev: u64,
     pub(crate) ptr: u64,
     pub(crate) len: usize,
+    owner: Option<&'a Tracker>,
     _b: PhantomData<&'a T>,
 }
 
-/// A writable range of a device buffer.
+/// A writable range of device memory (see [`View`]).
 pub struct ViewMut<'a, T: Elem> {
     pub(crate) dev: u64,
     pub(crate) ptr: u64,
     pub(crate) len: usize,
+    owner: Option<&'a Tracker>,
     _b: PhantomData<&'a mut T>,
 }
 
-impl<T: Elem> View<'_, T> {
+/// The checks of a foreign span: non-null, no byte-length overflow, and
+/// the backend's (on the GPUs, the driver's pointer attributes: memory of
+/// this device, the whole span inside one allocation).
+fn check_foreign<T: Elem>(dev: &Device, op: &'static str, ptr: u64, len: usize) -> Result<()> {
+    let bytes = byte_len::<T>(op, len)?;
+    let fail = |why: String| Error::ForeignSpan {
+        op,
+        addr: ptr,
+        bytes,
+        why,
+    };
+    if ptr == 0 {
+        return Err(fail("null pointer".into()));
+    }
+    if ptr.checked_add(bytes as u64).is_none() {
+        return Err(fail("span overflows the address space".into()));
+    }
+    dev.be.check_span(ptr, bytes).map_err(fail)
+}
+
+impl<'a, T: Elem> View<'a, T> {
+    /// A view of `len` elements at device address `ptr`, memory wavefuse
+    /// did not allocate (an engine's tensor). Checked before it is
+    /// returned: non-null, the byte length does not overflow, and on a GPU
+    /// the driver's pointer attributes say the whole span is device memory
+    /// of this device inside one allocation; otherwise
+    /// [`Error::ForeignSpan`] says which check failed. Alignment is checked
+    /// by each op (the vector path needs 16 bytes).
+    ///
+    /// # Safety
+    /// For `'a`, the span holds initialised `T`s that nothing writes while
+    /// work queued with the view can read them, and the memory stays
+    /// allocated until that work is done (wavefuse does not track memory
+    /// it did not allocate).
+    pub unsafe fn from_raw(dev: &Device, ptr: u64, len: usize) -> Result<View<'a, T>> {
+        check_foreign::<T>(dev, "View::from_raw", ptr, len)?;
+        Ok(View {
+            dev: dev.id,
+            ptr,
+            len,
+            owner: None,
+            _b: PhantomData,
+        })
+    }
+
     /// Elements.
     pub fn len(&self) -> usize {
         self.len
     }
+
     /// True when empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Device address of the first element.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The kernel argument for this view.
+    pub(crate) fn arg(&self) -> In<'a, T::Bits> {
+        In::new(self.ptr, self.owner)
     }
 }
 
-impl<T: Elem> ViewMut<'_, T> {
+impl<'a, T: Elem> ViewMut<'a, T> {
+    /// A writable view of memory wavefuse did not allocate: the checks of
+    /// [`View::from_raw`].
+    ///
+    /// # Safety
+    /// As [`View::from_raw`], and nothing else reads or writes the span
+    /// while work queued with the view can write it.
+    pub unsafe fn from_raw(dev: &Device, ptr: u64, len: usize) -> Result<ViewMut<'a, T>> {
+        check_foreign::<T>(dev, "ViewMut::from_raw", ptr, len)?;
+        Ok(ViewMut {
+            dev: dev.id,
+            ptr,
+            len,
+            owner: None,
+            _b: PhantomData,
+        })
+    }
+
     /// Elements.
     pub fn len(&self) -> usize {
         self.len
     }
+
     /// True when empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Device address of the first element.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The kernel argument for reading through this view (in-place ops).
+    pub(crate) fn arg_in(&self) -> In<'a, T::Bits> {
+        In::new(self.ptr, self.owner)
+    }
+
+    /// The kernel argument for writing through this view.
+    pub(crate) fn arg(&mut self) -> Out<'a, T::Bits> {
+        Out::new(self.ptr, self.owner)
     }
 }
 

@@ -1,5 +1,5 @@
 //! Typed errors. Every argument check runs before any launch.
-use crate::device::BackendKind;
+use crate::info::BackendKind;
 
 /// What went wrong.
 #[derive(Debug, thiserror::Error)]
@@ -23,14 +23,38 @@ pub enum Error {
         hint: &'static str,
     },
     /// A driver / runtime call failed.
-    #[error("{backend:?} call {call} failed: {detail}")]
+    #[error("{backend:?} call {call} failed: {detail} (code {code})")]
     Driver {
         /// Backend.
         backend: BackendKind,
         /// The failing call.
         call: &'static str,
-        /// Error code / message.
+        /// The driver's numeric error code (`CUresult`, `hipError_t`; -1
+        /// for the emulator, which has none).
+        code: i32,
+        /// The driver's name for it, or what the emulator found.
         detail: String,
+    },
+    /// Memory handed to [`crate::View::from_raw`] /
+    /// [`crate::ViewMut::from_raw`] cannot be used by this device.
+    #[error("{op}: foreign span {addr:#x} + {bytes} bytes: {why}")]
+    ForeignSpan {
+        /// The constructor.
+        op: &'static str,
+        /// First byte.
+        addr: u64,
+        /// Length in bytes.
+        bytes: usize,
+        /// What the check found (null, host memory, another device, past
+        /// the end of its allocation, ...).
+        why: String,
+    },
+    /// A stream handed to [`crate::Device::wrap_stream`] does not belong
+    /// to this device's primary context.
+    #[error("wrap_stream: {why}")]
+    ForeignStream {
+        /// What the check found.
+        why: String,
     },
     /// The emulator caught a kernel bug (partial collective, trap...).
     #[error("emulator: {0}")]

@@ -19,13 +19,16 @@ mod backend;
 mod buffer;
 mod device;
 mod error;
+mod info;
 mod objects;
 pub mod ops;
+mod registry;
 
 pub use buffer::{DeviceBuffer, Elem, View, ViewMut};
-pub use device::{BackendKind, Choice, Device, DeviceInfo, Event, Wave};
+pub use device::{AsStream, Choice, Device, Event, Stream};
 pub use error::Error;
 pub use half::{bf16, f16};
+pub use info::{BackendKind, DeviceInfo, Wave};
 pub use ops::add_layer_norm::{add_layer_norm, add_layer_norm_to};
 pub use ops::add_layer_norm_gather::add_layer_norm_gather;
 pub use ops::bias_gelu::{GeluBias, GeluMode, bias_gelu};
@@ -39,7 +42,7 @@ pub use ops::qkv_split::{QkvSplit, qkv_split};
 /// Built code objects, for inspection (static checks, bundles).
 pub mod code_objects {
     pub use crate::objects::{AMD, AMD_CODE_OBJECT_VERSION, PTX};
-    pub use crate::ops::KERNELS;
+    pub use crate::registry::{KERNELS, Kernel};
 }
 
 /// Result type of every fallible wavefuse call.

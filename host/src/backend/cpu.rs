@@ -1,11 +1,16 @@
 //! The CPU backend: "device" memory is host memory; launches run the host
-//! build of the kernels in the SIMT emulator, synchronously.
-use super::{Arg, Backend, EventHandle, Launch};
-use crate::device::{BackendKind, DeviceInfo, Wave};
+//! build of the kernels in the SIMT emulator, synchronously, so every
+//! stream is the same (there is only stream 0) and an event is a host
+//! timestamp.
+use super::{Arg, Backend, Launch, RawEvent, RawStream};
+use crate::info::{BackendKind, DeviceInfo, Wave};
+use crate::registry::Kernel;
 use crate::{Error, Result};
 use std::alloc::Layout;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 use wavefuse_device::emu::{self, LaunchConfig};
 use wavefuse_device::kernels as k;
 
@@ -14,7 +19,11 @@ const ALIGN: usize = 256;
 
 pub struct Cpu {
     info: DeviceInfo,
-    allocs: Mutex<HashMap<u64, Layout>>,
+    /// Live allocations by start address (ordered, to find the one that
+    /// holds an address).
+    allocs: Mutex<BTreeMap<u64, Layout>>,
+    events: Mutex<HashMap<RawEvent, Option<Instant>>>,
+    next_event: AtomicUsize,
 }
 
 impl Cpu {
@@ -22,6 +31,7 @@ impl Cpu {
         Cpu {
             info: DeviceInfo {
                 backend: BackendKind::Cpu,
+                ordinal: 0,
                 name: format!("CPU SIMT emulator (wave{})", wave.lanes()),
                 arch: format!("cpu-wave{}", wave.lanes()),
                 code_object: "host".into(),
@@ -30,9 +40,18 @@ impl Cpu {
                 l2_bytes: 0,
                 total_mem: 0,
                 load_ms: 0.0,
+                skipped: Vec::new(),
             },
-            allocs: Mutex::new(HashMap::new()),
+            allocs: Mutex::new(BTreeMap::new()),
+            events: Mutex::new(HashMap::new()),
+            next_event: AtomicUsize::new(1),
         }
+    }
+
+    /// Records why the GPU backends [`crate::Choice::Auto`] tried first did
+    /// not open.
+    pub fn set_skipped(&mut self, skipped: Vec<(BackendKind, String)>) {
+        self.info.skipped = skipped;
     }
 }
 
@@ -40,6 +59,7 @@ fn driver(call: &'static str, detail: impl ToString) -> Error {
     Error::Driver {
         backend: BackendKind::Cpu,
         call,
+        code: -1,
         detail: detail.to_string(),
     }
 }
@@ -93,39 +113,49 @@ impl<T: Copy> Shared<T> {
     }
 }
 
+/// Runs kernel `k` over the emulated grid: generated from the registry,
+/// so every entry point is called with parameters of its declared types.
 macro_rules! dispatch {
-    ($name:expr, $cfg:expr, $args:expr; $($kernel:ident($($a:ident),*);)*) => {
-        match $name {
-            $(stringify!($kernel) => {
-                let mut it = $args.iter();
-                let next = || driver("launch", "too few arguments");
-                $(let $a = FromArg::from_arg(it.next().ok_or_else(next)?)?;)*
-                if it.next().is_some() {
-                    return Err(driver("launch", "too many arguments"));
-                }
-                let shared = Shared(($($a,)*));
-                emu::launch($cfg, &|| {
-                    let ($($a,)*) = shared.get();
-                    // SAFETY: the ops layer validated every extent.
-                    unsafe { k::$kernel($($a),*) }
-                })?;
-                Ok(())
-            })*
-            other => Err(driver("launch", format!("unknown kernel {other}"))),
+    ($($name:ident($($a:ident: $t:ty),* $(,)?);)*) => {
+        fn run(k: Kernel, cfg: &LaunchConfig, args: &[Arg]) -> Result<()> {
+            match k {
+                $(Kernel::$name => {
+                    let mut it = args.iter();
+                    let next = || driver("launch", "too few arguments");
+                    $(let $a: $t = FromArg::from_arg(it.next().ok_or_else(next)?)?;)*
+                    if it.next().is_some() {
+                        return Err(driver("launch", "too many arguments"));
+                    }
+                    let shared = Shared(($($a,)*));
+                    emu::launch(cfg, &|| {
+                        let ($($a,)*) = shared.get();
+                        // SAFETY: the ops layer validated every extent.
+                        unsafe { k::$name($($a),*) }
+                    })?;
+                    Ok(())
+                })*
+            }
         }
     };
 }
+wavefuse_device::for_each_kernel!(dispatch);
 
 impl Backend for Cpu {
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
 
+    fn own_stream(&self) -> RawStream {
+        0
+    }
+
     fn alloc(&self, bytes: usize) -> Result<u64> {
         let layout =
             Layout::from_size_align(bytes.max(1), ALIGN).map_err(|e| driver("alloc", e))?;
+        // Zeroed: `download` reads whole buffers into initialised host
+        // memory, so device memory must never be uninitialised bytes.
         // SAFETY: non-zero size.
-        let p = unsafe { std::alloc::alloc(layout) };
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
         if p.is_null() {
             return Err(driver(
                 "alloc",
@@ -163,83 +193,92 @@ impl Backend for Cpu {
         Ok(())
     }
 
-    unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    unsafe fn copy(&self, dst: u64, src: u64, bytes: usize, _: RawStream) -> Result<()> {
         // SAFETY: caller contract; `copy` allows overlap like a device memmove.
         unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, bytes) };
         Ok(())
     }
 
-    unsafe fn launch(&self, kernel: &'static str, l: Launch, args: &[Arg]) -> Result<()> {
+    unsafe fn launch(&self, k: Kernel, l: Launch, args: &[Arg], _: RawStream) -> Result<()> {
         let cfg = &LaunchConfig {
             grid: l.grid,
             block: l.block,
             wave: self.info.wave,
             shared_bytes: l.shared_bytes as usize,
         };
-        dispatch!(kernel, cfg, args;
-            wf_layer_norm_192(x, y, g, b, rows, eps);
-            wf_layer_norm_384(x, y, g, b, rows, eps);
-            wf_layer_norm_768(x, y, g, b, rows, eps);
-            wf_layer_norm_affine_192(x, y, g, b, rows, eps);
-            wf_layer_norm_affine_384(x, y, g, b, rows, eps);
-            wf_layer_norm_affine_768(x, y, g, b, rows, eps);
-            wf_add_layer_norm_192(res, br, rout, y, g, b, rows, eps);
-            wf_add_layer_norm_384(res, br, rout, y, g, b, rows, eps);
-            wf_add_layer_norm_768(res, br, rout, y, g, b, rows, eps);
-            wf_add_layer_norm_affine_192(res, br, rout, y, g, b, rows, eps);
-            wf_add_layer_norm_affine_384(res, br, rout, y, g, b, rows, eps);
-            wf_add_layer_norm_affine_768(res, br, rout, y, g, b, rows, eps);
-            wf_layer_norm_gather_192(src, idx, out, g, b, n_out, n_src, eps);
-            wf_layer_norm_gather_384(src, idx, out, g, b, n_out, n_src, eps);
-            wf_layer_norm_gather_768(src, idx, out, g, b, n_out, n_src, eps);
-            wf_layer_norm_gather_affine_192(src, idx, out, g, b, n_out, n_src, eps);
-            wf_layer_norm_gather_affine_384(src, idx, out, g, b, n_out, n_src, eps);
-            wf_layer_norm_gather_affine_768(src, idx, out, g, b, n_out, n_src, eps);
-            wf_gather_192(src, idx, out, n_out, n_src);
-            wf_gather_384(src, idx, out, n_out, n_src);
-            wf_gather_768(src, idx, out, n_out, n_src);
-            wf_gather_generic(src, idx, out, n_out, n_src, vecs);
-            wf_add_layer_norm_gather_192(res, br, rout, idx, out, g, b, n_out, n_src, eps);
-            wf_add_layer_norm_gather_384(res, br, rout, idx, out, g, b, n_out, n_src, eps);
-            wf_add_layer_norm_gather_768(res, br, rout, idx, out, g, b, n_out, n_src, eps);
-            wf_add_layer_norm_gather_affine_192(res, br, rout, idx, out, g, b, n_out, n_src, eps);
-            wf_add_layer_norm_gather_affine_384(res, br, rout, idx, out, g, b, n_out, n_src, eps);
-            wf_add_layer_norm_gather_affine_768(res, br, rout, idx, out, g, b, n_out, n_src, eps);
-            wf_bias_gelu_f16(x, b, y, n, cols);
-            wf_bias_gelu_bf16(x, b, y, n, cols);
-            wf_bias_gelu_tanh_f16(x, b, y, n, cols);
-            wf_bias_gelu_tanh_bf16(x, b, y, n, cols);
-            wf_bias_gelu_f16_scalar(x, b, y, n, cols);
-            wf_bias_gelu_bf16_scalar(x, b, y, n, cols);
-            wf_bias_gelu_tanh_f16_scalar(x, b, y, n, cols);
-            wf_bias_gelu_tanh_bf16_scalar(x, b, y, n, cols);
-            wf_qkv_split(x, b, q, k, v, n, heads, tokens, scale);
-            wf_qkv_split_bias(x, b, q, k, v, n, heads, tokens, scale);
-            wf_bias_mask_add(s, b, m, ty, sl, heads, tv, nt, ns);
-            wf_bias_mask_add_nomask(s, b, m, ty, sl, heads, tv, nt, ns);
-            wf_bias_mask_softmax_144(s, p, b, m, ty, sl, rows, heads, nt, ns);
-            wf_bias_mask_softmax_nomask_144(s, p, b, m, ty, sl, rows, heads, nt, ns);
-        )
+        run(k, cfg, args)
     }
 
-    fn synchronize(&self) -> Result<()> {
+    unsafe fn synchronize(&self, _: RawStream) -> Result<()> {
         Ok(())
     }
 
-    fn record(&self) -> Result<EventHandle> {
-        Ok(EventHandle::Cpu(std::time::Instant::now()))
+    fn event_create(&self) -> Result<RawEvent> {
+        let e = self.next_event.fetch_add(1, Ordering::Relaxed);
+        self.events
+            .lock()
+            .map_err(|e| driver("event_create", e))?
+            .insert(e, None);
+        Ok(e)
     }
 
-    fn elapsed_ms(&self, start: &EventHandle, end: &EventHandle) -> Result<f32> {
-        match (start, end) {
-            (EventHandle::Cpu(a), EventHandle::Cpu(b)) => {
-                Ok(b.duration_since(*a).as_secs_f32() * 1e3)
-            }
-            _ => Err(driver("elapsed", "events of another backend")),
+    unsafe fn event_record(&self, e: RawEvent, _: RawStream) -> Result<()> {
+        let mut m = self.events.lock().map_err(|e| driver("event_record", e))?;
+        let slot = m
+            .get_mut(&e)
+            .ok_or_else(|| driver("event_record", "unknown event"))?;
+        *slot = Some(Instant::now());
+        Ok(())
+    }
+
+    unsafe fn event_synchronize(&self, _: RawEvent) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn event_elapsed(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        let m = self.events.lock().map_err(|e| driver("event_elapsed", e))?;
+        match (m.get(&start), m.get(&end)) {
+            (Some(Some(a)), Some(Some(b))) => Ok(b.duration_since(*a).as_secs_f32() * 1e3),
+            _ => Err(driver("event_elapsed", "event not recorded")),
         }
     }
 
-    fn destroy_event(&self, _: &EventHandle) {}
+    unsafe fn event_destroy(&self, e: RawEvent) {
+        if let Ok(mut m) = self.events.lock() {
+            m.remove(&e);
+        }
+    }
+
+    unsafe fn stream_wait_event(&self, _: RawStream, _: RawEvent) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn check_stream(&self, stream: RawStream) -> Result<()> {
+        if stream == 0 {
+            Ok(())
+        } else {
+            Err(Error::ForeignStream {
+                why: format!("{stream:#x}: the emulator has one stream, 0 (null)"),
+            })
+        }
+    }
+
+    fn check_span(&self, addr: u64, bytes: usize) -> std::result::Result<(), String> {
+        // Host memory from anywhere is the emulator's device memory; what
+        // can be checked is a span that starts in one of our allocations
+        // and runs past its end.
+        let m = self.allocs.lock().map_err(|e| e.to_string())?;
+        if let Some((&start, layout)) = m.range(..=addr).next_back() {
+            let alloc_end = start + layout.size() as u64;
+            if addr < alloc_end && addr + bytes as u64 > alloc_end {
+                return Err(format!(
+                    "runs past its allocation {start:#x} + {} bytes",
+                    layout.size()
+                ));
+            }
+        }
+        Ok(())
+    }
 
     fn mem_info(&self) -> Result<(usize, usize)> {
         let used: usize = self

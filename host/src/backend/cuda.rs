@@ -1,11 +1,14 @@
-//! NVIDIA backend: the CUDA driver API through cudarc's `result` layer,
-//! with libcuda opened at run time (no CUDA needed to build).
-use super::{Arg, Backend, EventHandle, Launch};
-use crate::device::{BackendKind, DeviceInfo};
+//! NVIDIA backend: the CUDA driver API through cudarc's `result` layer
+//! (libcuda opened at run time unless the build links it), in the device's
+//! primary context, the context every CUDA runtime user (PyTorch, candle)
+//! shares.
+use super::{Arg, Backend, Launch, PtrAttrs, RawEvent, RawStream, span_in_allocation};
+use crate::info::{BackendKind, DeviceInfo};
+use crate::registry::Kernel;
 use crate::{Error, Result, objects};
 use cudarc::driver::{result as cu, sys};
-use std::collections::HashMap;
-use std::ffi::CString;
+use std::ffi::{CString, c_void};
+use std::ptr;
 use std::time::Instant;
 
 pub struct Cuda {
@@ -14,7 +17,8 @@ pub struct Cuda {
     ctx: sys::CUcontext,
     module: sys::CUmodule,
     stream: sys::CUstream,
-    funcs: HashMap<&'static str, sys::CUfunction>,
+    /// Indexed by `Kernel as usize`.
+    funcs: Vec<sys::CUfunction>,
 }
 
 // SAFETY: the driver API is thread-safe; every call first makes this
@@ -27,6 +31,7 @@ fn err(call: &'static str) -> impl Fn(cu::DriverError) -> Error {
     move |e| Error::Driver {
         backend: BackendKind::Cuda,
         call,
+        code: e.0 as i32,
         detail: format!("{e:?}"),
     }
 }
@@ -54,8 +59,29 @@ pub fn open(ordinal: usize) -> Result<Cuda> {
     let dev = cu::device::get(ordinal as i32).map_err(err("cuDeviceGet"))?;
     // SAFETY: dev is a valid device.
     let ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(err("cuDevicePrimaryCtxRetain"))?;
-    // SAFETY: ctx was just retained.
-    unsafe { cu::ctx::set_current(ctx) }.map_err(err("cuCtxSetCurrent"))?;
+    // From here on `c` owns the retained context and whatever is created
+    // next: its Drop releases them if a later step fails.
+    let mut c = Cuda {
+        info: DeviceInfo {
+            backend: BackendKind::Cuda,
+            ordinal,
+            name: String::new(),
+            arch: String::new(),
+            code_object: String::new(),
+            driver: String::new(),
+            wave: 32,
+            l2_bytes: 0,
+            total_mem: 0,
+            load_ms: 0.0,
+            skipped: Vec::new(),
+        },
+        dev,
+        ctx,
+        module: ptr::null_mut(),
+        stream: ptr::null_mut(),
+        funcs: Vec::new(),
+    };
+    c.bind()?;
     let attr = |a| {
         // SAFETY: valid device and attribute.
         unsafe { cu::device::get_attribute(dev, a) }.map_err(err("cuDeviceGetAttribute"))
@@ -65,20 +91,18 @@ pub fn open(ordinal: usize) -> Result<Cuda> {
     let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
     let l2 = attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
     let (obj, ptx) = objects::ptx_for(major, minor)?;
-    // SAFETY: `ptx` is NUL-terminated PTX text (build.rs appends the NUL).
-    let module =
+    // SAFETY: `ptx` is NUL-terminated PTX text (checked by `objects`).
+    c.module =
         unsafe { cu::module::load_data(ptx.as_ptr().cast()) }.map_err(err("cuModuleLoadData"))?;
-    let mut funcs = HashMap::new();
-    for name in crate::ops::KERNELS {
-        let c = CString::new(*name).map_err(|_| unavailable("kernel name with NUL"))?;
+    for k in Kernel::ALL {
+        let name = CString::new(k.name()).map_err(|_| unavailable("kernel name with NUL"))?;
         // SAFETY: module is loaded.
-        let f =
-            unsafe { cu::module::get_function(module, c) }.map_err(err("cuModuleGetFunction"))?;
-        funcs.insert(*name, f);
+        let f = unsafe { cu::module::get_function(c.module, name) }
+            .map_err(err("cuModuleGetFunction"))?;
+        c.funcs.push(f);
     }
-    let stream =
+    c.stream =
         cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(err("cuStreamCreate"))?;
-    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let mut version = 0i32;
     // SAFETY: out-pointer to a local.
     unsafe { sys::cuDriverGetVersion(&mut version) }
@@ -86,28 +110,18 @@ pub fn open(ordinal: usize) -> Result<Cuda> {
         .map_err(err("cuDriverGetVersion"))?;
     // SAFETY: valid device.
     let total_mem = unsafe { cu::device::total_mem(dev) }.map_err(err("cuDeviceTotalMem"))?;
-    Ok(Cuda {
-        info: DeviceInfo {
-            backend: BackendKind::Cuda,
-            name: cu::device::get_name(dev).map_err(err("cuDeviceGetName"))?,
-            arch: format!("sm_{major}{minor}"),
-            code_object: format!("{obj} PTX"),
-            driver: format!(
-                "CUDA driver API {}.{}",
-                version / 1000,
-                (version % 1000) / 10
-            ),
-            wave: 32,
-            l2_bytes: l2.max(0) as usize,
-            total_mem,
-            load_ms,
-        },
-        dev,
-        ctx,
-        module,
-        stream,
-        funcs,
-    })
+    c.info.name = cu::device::get_name(dev).map_err(err("cuDeviceGetName"))?;
+    c.info.arch = format!("sm_{major}{minor}");
+    c.info.code_object = format!("{obj} PTX");
+    c.info.driver = format!(
+        "CUDA driver API {}.{}",
+        version / 1000,
+        (version % 1000) / 10
+    );
+    c.info.l2_bytes = l2.max(0) as usize;
+    c.info.total_mem = total_mem;
+    c.info.load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    Ok(c)
 }
 
 impl Cuda {
@@ -115,11 +129,54 @@ impl Cuda {
         // SAFETY: the context is retained for the backend's lifetime.
         unsafe { cu::ctx::set_current(self.ctx) }.map_err(err("cuCtxSetCurrent"))
     }
+
+    fn pointer_attrs(&self, addr: u64) -> Result<PtrAttrs> {
+        let mut memory_type: u32 = 0;
+        let mut ordinal: i32 = -1;
+        let mut start: sys::CUdeviceptr = 0;
+        let mut size: usize = 0;
+        let mut attrs = [
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        ];
+        let mut data: [*mut c_void; 4] = [
+            (&mut memory_type as *mut u32).cast(),
+            (&mut ordinal as *mut i32).cast(),
+            (&mut start as *mut sys::CUdeviceptr).cast(),
+            (&mut size as *mut usize).cast(),
+        ];
+        // SAFETY: each data pointer is writable for its attribute's type
+        // (CUmemorytype = unsigned int, int, CUdeviceptr, size_t). For a
+        // pointer the driver does not know, it succeeds and leaves the
+        // defaults (memory type 0).
+        unsafe {
+            sys::cuPointerGetAttributes(
+                attrs.len() as u32,
+                attrs.as_mut_ptr(),
+                data.as_mut_ptr(),
+                addr,
+            )
+        }
+        .result()
+        .map_err(err("cuPointerGetAttributes"))?;
+        Ok(PtrAttrs {
+            device_memory: memory_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32,
+            ordinal: i64::from(ordinal),
+            start,
+            size: size as u64,
+        })
+    }
 }
 
 impl Backend for Cuda {
     fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    fn own_stream(&self) -> RawStream {
+        self.stream as RawStream
     }
 
     fn alloc(&self, bytes: usize) -> Result<u64> {
@@ -157,19 +214,19 @@ impl Backend for Cuda {
         }
     }
 
-    unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    unsafe fn copy(&self, dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<()> {
         self.bind()?;
         // SAFETY: caller contract.
-        unsafe { cu::memcpy_dtod_async(dst, src, bytes, self.stream) }
+        unsafe { cu::memcpy_dtod_async(dst, src, bytes, stream as sys::CUstream) }
             .map_err(err("cuMemcpyDtoDAsync"))
     }
 
-    unsafe fn launch(&self, kernel: &'static str, l: Launch, args: &[Arg]) -> Result<()> {
+    unsafe fn launch(&self, k: Kernel, l: Launch, args: &[Arg], stream: RawStream) -> Result<()> {
         self.bind()?;
         let f = *self
             .funcs
-            .get(kernel)
-            .ok_or_else(|| unavailable(format!("kernel {kernel} not loaded")))?;
+            .get(k as usize)
+            .ok_or_else(|| unavailable(format!("kernel {} not loaded", k.name())))?;
         let mut args = args.to_vec();
         let mut params = Arg::param_ptrs(&mut args);
         // SAFETY: caller contract; the driver copies the parameters at launch.
@@ -179,50 +236,90 @@ impl Backend for Cuda {
                 (l.grid.0, l.grid.1, 1),
                 (l.block, 1, 1),
                 l.shared_bytes,
-                self.stream,
+                stream as sys::CUstream,
                 &mut params,
             )
         }
         .map_err(err("cuLaunchKernel"))
     }
 
-    fn synchronize(&self) -> Result<()> {
+    unsafe fn synchronize(&self, stream: RawStream) -> Result<()> {
         self.bind()?;
-        // SAFETY: our stream.
-        unsafe { cu::stream::synchronize(self.stream) }.map_err(err("cuStreamSynchronize"))
+        // SAFETY: caller contract.
+        unsafe { cu::stream::synchronize(stream as sys::CUstream) }
+            .map_err(err("cuStreamSynchronize"))
     }
 
-    fn record(&self) -> Result<EventHandle> {
+    fn event_create(&self) -> Result<RawEvent> {
         self.bind()?;
         let e = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
             .map_err(err("cuEventCreate"))?;
-        // SAFETY: fresh event, our stream.
-        unsafe { cu::event::record(e, self.stream) }.map_err(err("cuEventRecord"))?;
-        Ok(EventHandle::Gpu(e as usize))
+        Ok(e as RawEvent)
     }
 
-    fn elapsed_ms(&self, start: &EventHandle, end: &EventHandle) -> Result<f32> {
+    unsafe fn event_record(&self, e: RawEvent, stream: RawStream) -> Result<()> {
         self.bind()?;
-        match (start, end) {
-            (EventHandle::Gpu(a), EventHandle::Gpu(b)) => {
-                let (a, b) = (*a as sys::CUevent, *b as sys::CUevent);
-                // SAFETY: events created by `record`.
-                unsafe {
-                    cu::event::synchronize(b).map_err(err("cuEventSynchronize"))?;
-                    cu::event::elapsed(a, b).map_err(err("cuEventElapsedTime"))
-                }
-            }
-            _ => Err(unavailable("events of another backend")),
+        // SAFETY: caller contract.
+        unsafe { cu::event::record(e as sys::CUevent, stream as sys::CUstream) }
+            .map_err(err("cuEventRecord"))
+    }
+
+    unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
+        self.bind()?;
+        // SAFETY: caller contract.
+        unsafe { cu::event::synchronize(e as sys::CUevent) }.map_err(err("cuEventSynchronize"))
+    }
+
+    unsafe fn event_elapsed(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        self.bind()?;
+        // SAFETY: caller contract.
+        unsafe { cu::event::elapsed(start as sys::CUevent, end as sys::CUevent) }
+            .map_err(err("cuEventElapsedTime"))
+    }
+
+    unsafe fn event_destroy(&self, e: RawEvent) {
+        if self.bind().is_ok() {
+            // SAFETY: caller contract.
+            let _ = unsafe { cu::event::destroy(e as sys::CUevent) };
         }
     }
 
-    fn destroy_event(&self, e: &EventHandle) {
-        if let EventHandle::Gpu(h) = e
-            && self.bind().is_ok()
-        {
-            // SAFETY: created by `record`, destroyed once (Event's Drop).
-            let _ = unsafe { cu::event::destroy(*h as sys::CUevent) };
+    unsafe fn stream_wait_event(&self, stream: RawStream, e: RawEvent) -> Result<()> {
+        self.bind()?;
+        // SAFETY: caller contract.
+        unsafe {
+            cu::stream::wait_event(
+                stream as sys::CUstream,
+                e as sys::CUevent,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
         }
+        .map_err(err("cuStreamWaitEvent"))
+    }
+
+    unsafe fn check_stream(&self, stream: RawStream) -> Result<()> {
+        self.bind()?;
+        let mut ctx: sys::CUcontext = ptr::null_mut();
+        // SAFETY: caller contract (a live stream or 0); out-pointer to a local.
+        unsafe { sys::cuStreamGetCtx(stream as sys::CUstream, &mut ctx) }
+            .result()
+            .map_err(|e| Error::ForeignStream {
+                why: format!("cuStreamGetCtx: {e:?}"),
+            })?;
+        if ctx != self.ctx {
+            return Err(Error::ForeignStream {
+                why: format!(
+                    "the stream belongs to context {ctx:p}, not to device {}'s primary context {:p}",
+                    self.info.ordinal, self.ctx
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_span(&self, addr: u64, bytes: usize) -> std::result::Result<(), String> {
+        let a = self.pointer_attrs(addr).map_err(|e| e.to_string())?;
+        span_in_allocation(&a, self.info.ordinal, addr, bytes)
     }
 
     fn mem_info(&self) -> Result<(usize, usize)> {
@@ -234,13 +331,19 @@ impl Backend for Cuda {
 impl Drop for Cuda {
     fn drop(&mut self) {
         if self.bind().is_ok() {
-            // SAFETY: handles created in `open`, released once.
+            // SAFETY: handles created in `open`, released once; null ones
+            // (open failed before creating them) are skipped.
             unsafe {
-                let _ = cu::stream::synchronize(self.stream);
-                let _ = cu::stream::destroy(self.stream);
-                let _ = cu::module::unload(self.module);
-                let _ = cu::primary_ctx::release(self.dev);
+                if !self.stream.is_null() {
+                    let _ = cu::stream::synchronize(self.stream);
+                    let _ = cu::stream::destroy(self.stream);
+                }
+                if !self.module.is_null() {
+                    let _ = cu::module::unload(self.module);
+                }
             }
         }
+        // SAFETY: retained once in `open`.
+        let _ = unsafe { cu::primary_ctx::release(self.dev) };
     }
 }

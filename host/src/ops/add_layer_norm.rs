@@ -16,9 +16,10 @@
 //! The kernel reads each input element once and writes `r` and `y` once.
 use super::Check;
 use super::layer_norm::Affine;
-use crate::backend::{Arg, Launch};
+use crate::backend::Launch;
 use crate::buffer::{Span, View, ViewMut};
-use crate::device::Device;
+use crate::device::{AsStream, Stream};
+use crate::registry::{In, Out, launch};
 use crate::{Error, Result};
 use half::f16;
 use wavefuse_shared::AddLnShape;
@@ -26,17 +27,36 @@ use wavefuse_shared::layout::LN_WIDTHS;
 
 const OP: &str = "add_layer_norm";
 
-/// The kernel entry point for a width (`None` when unsupported).
-pub(crate) fn kernel_name(width: usize, affine: bool) -> Option<&'static str> {
+type AddLnKernel = for<'a, 'b, 'c, 'd, 'e, 'f> unsafe fn(
+    &Stream,
+    Launch,
+    In<'a, u16>,
+    In<'b, u16>,
+    Out<'c, u16>,
+    Out<'d, u16>,
+    In<'e, u16>,
+    In<'f, u16>,
+    u64,
+    f32,
+) -> Result<()>;
+
+/// The kernel for a width and affine flag (`None` when unsupported).
+fn kernel(width: usize, affine: bool) -> Option<AddLnKernel> {
     Some(match (width, affine) {
-        (192, false) => "wf_add_layer_norm_192",
-        (384, false) => "wf_add_layer_norm_384",
-        (768, false) => "wf_add_layer_norm_768",
-        (192, true) => "wf_add_layer_norm_affine_192",
-        (384, true) => "wf_add_layer_norm_affine_384",
-        (768, true) => "wf_add_layer_norm_affine_768",
+        (192, false) => launch::wf_add_layer_norm_192,
+        (384, false) => launch::wf_add_layer_norm_384,
+        (768, false) => launch::wf_add_layer_norm_768,
+        (192, true) => launch::wf_add_layer_norm_affine_192,
+        (384, true) => launch::wf_add_layer_norm_affine_384,
+        (768, true) => launch::wf_add_layer_norm_affine_768,
         _ => return None,
     })
+}
+
+/// A tensor's extent for the checks and its kernel argument.
+struct Arg<A> {
+    span: Span,
+    arg: A,
 }
 
 /// In place: `residual = f16(residual + branch)`, then
@@ -48,7 +68,7 @@ pub(crate) fn kernel_name(width: usize, affine: bool) -> Option<&'static str> {
 /// long, 16-byte aligned and must not overlap `residual` or `y`. Every
 /// check runs before the launch; on an error nothing is written.
 pub fn add_layer_norm(
-    dev: &Device,
+    q: &impl AsStream,
     residual: &mut ViewMut<'_, f16>,
     branch: &View<'_, f16>,
     y: &mut ViewMut<'_, f16>,
@@ -56,13 +76,27 @@ pub fn add_layer_norm(
     affine: Option<Affine<'_, '_>>,
     eps: f32,
 ) -> Result<()> {
-    let r = Span::from(&*residual);
+    let res = Arg {
+        span: Span::from(&*residual),
+        arg: residual.arg_in(),
+    };
+    let rout = Arg {
+        span: res.span,
+        arg: residual.arg(),
+    };
     run(
-        dev,
-        r,
-        Span::from(branch),
-        None,
-        Span::from(&*y),
+        q.as_stream(),
+        res,
+        Arg {
+            span: Span::from(branch),
+            arg: branch.arg(),
+        },
+        rout,
+        true,
+        Arg {
+            span: Span::from(&*y),
+            arg: y.arg(),
+        },
         width,
         affine,
         eps,
@@ -79,7 +113,7 @@ pub fn add_layer_norm(
 /// before the launch.
 #[allow(clippy::too_many_arguments)]
 pub fn add_layer_norm_to(
-    dev: &Device,
+    q: &impl AsStream,
     residual: &View<'_, f16>,
     branch: &View<'_, f16>,
     residual_out: &mut ViewMut<'_, f16>,
@@ -88,49 +122,75 @@ pub fn add_layer_norm_to(
     affine: Option<Affine<'_, '_>>,
     eps: f32,
 ) -> Result<()> {
-    let out = Span::from(&*residual_out);
     run(
-        dev,
-        Span::from(residual),
-        Span::from(branch),
-        Some(out),
-        Span::from(&*y),
+        q.as_stream(),
+        Arg {
+            span: Span::from(residual),
+            arg: residual.arg(),
+        },
+        Arg {
+            span: Span::from(branch),
+            arg: branch.arg(),
+        },
+        Arg {
+            span: Span::from(&*residual_out),
+            arg: residual_out.arg(),
+        },
+        false,
+        Arg {
+            span: Span::from(&*y),
+            arg: y.arg(),
+        },
         width,
         affine,
         eps,
     )
 }
 
-/// Checks and launches; `rout == None` means in place (`residual` is
+/// Checks and launches; `in_place` means `rout` is `res` (`residual` is
 /// written).
 #[allow(clippy::too_many_arguments)]
 fn run(
-    dev: &Device,
-    res: Span,
-    br: Span,
-    rout: Option<Span>,
-    ys: Span,
+    q: &Stream,
+    res: Arg<In<'_, u16>>,
+    br: Arg<In<'_, u16>>,
+    rout: Arg<Out<'_, u16>>,
+    in_place: bool,
+    y: Arg<Out<'_, u16>>,
     width: usize,
     affine: Option<Affine<'_, '_>>,
     eps: f32,
 ) -> Result<()> {
-    let c = Check { dev, op: OP };
+    let c = Check { q, op: OP };
+    let rout_name = if in_place { "residual" } else { "residual_out" };
     let unsupported = Error::UnsupportedWidth {
         op: OP,
         width,
         supported: &LN_WIDTHS,
     };
-    let (Some(name), Some(shape)) = (
-        kernel_name(width, affine.is_some()),
-        AddLnShape::for_width(width, dev.info().backend.target()),
+    let (Some(kernel), Some(shape)) = (
+        kernel(width, affine.is_some()),
+        AddLnShape::for_width(width, c.target()),
     ) else {
         return Err(unsupported);
     };
-    let in_place = rout.is_none();
-    let (rout, rout_name) = match rout {
-        Some(s) => (s, "residual_out"),
-        None => (res, "residual"),
-    };
+    let (
+        Arg {
+            span: res,
+            arg: res_a,
+        },
+        Arg {
+            span: br,
+            arg: br_a,
+        },
+    ) = (res, br);
+    let (
+        Arg {
+            span: rout,
+            arg: rout_a,
+        },
+        Arg { span: ys, arg: y_a },
+    ) = (rout, y);
     c.same_device(&res, "residual")?;
     c.same_device(&br, "branch")?;
     c.same_device(&rout, rout_name)?;
@@ -154,26 +214,15 @@ fn run(
     }
     c.finite_nonneg(eps, "eps")?;
     let (g, b) = Affine::check(affine, &c, width, &[(&ys, "y"), (&rout, rout_name)])?;
-    let grid = c.grid(rows, shape.blocks_for(rows))?;
+    let grid = c.grid(rows, shape.blocks_for(rows), shape.block)?;
     let l = Launch {
         grid: (grid, 1),
         // The kernel build assumes exactly this workgroup size.
         block: shape.block,
         shared_bytes: 0,
     };
-    let args = [
-        Arg::Ptr(res.ptr),
-        Arg::Ptr(br.ptr),
-        Arg::Ptr(rout.ptr),
-        Arg::Ptr(ys.ptr),
-        Arg::Ptr(g),
-        Arg::Ptr(b),
-        Arg::U64(rows as u64),
-        Arg::F32(eps),
-    ];
     // SAFETY: extents, alignment and aliasing checked above (the kernel
     // reads and writes each residual element from the same lane, so
-    // `residual_out == residual` is race-free); the argument list matches
-    // the kernel signature in wavefuse-device.
-    unsafe { dev.be.launch(name, l, &args) }
+    // `residual_out == residual` is race-free).
+    unsafe { kernel(q, l, res_a, br_a, rout_a, y_a, g, b, rows as u64, eps) }
 }

@@ -10,24 +10,40 @@
 //! every source named exactly once), so every residual token is updated
 //! exactly once.
 use super::Check;
-use super::gather::{GatherPlan, check_plan};
+use super::gather::{GatherPlan, check_plan, row_launch};
 use super::layer_norm::Affine;
-use crate::backend::{Arg, Launch};
+use crate::backend::Launch;
 use crate::buffer::{Span, View, ViewMut};
-use crate::device::Device;
+use crate::device::{AsStream, Stream};
+use crate::registry::{In, Out, launch};
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_shared::layout::{LN_WIDTHS, ROW_BLOCK, RowLayout};
+use wavefuse_shared::layout::{LN_WIDTHS, RowLayout};
 
-/// The kernel entry point for a width (`None` when unsupported).
-pub(crate) fn kernel_name(width: usize, affine: bool) -> Option<&'static str> {
+type AddLnGatherKernel = for<'a, 'b, 'c, 'd, 'e, 'f, 'g> unsafe fn(
+    &Stream,
+    Launch,
+    In<'a, u16>,
+    In<'b, u16>,
+    Out<'c, u16>,
+    In<'d, i32>,
+    Out<'e, u16>,
+    In<'f, u16>,
+    In<'g, u16>,
+    u64,
+    u64,
+    f32,
+) -> Result<()>;
+
+/// The kernel for a width and affine flag (`None` when unsupported).
+fn kernel(width: usize, affine: bool) -> Option<AddLnGatherKernel> {
     Some(match (width, affine) {
-        (192, false) => "wf_add_layer_norm_gather_192",
-        (384, false) => "wf_add_layer_norm_gather_384",
-        (768, false) => "wf_add_layer_norm_gather_768",
-        (192, true) => "wf_add_layer_norm_gather_affine_192",
-        (384, true) => "wf_add_layer_norm_gather_affine_384",
-        (768, true) => "wf_add_layer_norm_gather_affine_768",
+        (192, false) => launch::wf_add_layer_norm_gather_192,
+        (384, false) => launch::wf_add_layer_norm_gather_384,
+        (768, false) => launch::wf_add_layer_norm_gather_768,
+        (192, true) => launch::wf_add_layer_norm_gather_affine_192,
+        (384, true) => launch::wf_add_layer_norm_gather_affine_384,
+        (768, true) => launch::wf_add_layer_norm_gather_affine_768,
         _ => return None,
     })
 }
@@ -44,7 +60,7 @@ pub(crate) fn kernel_name(width: usize, affine: bool) -> Option<&'static str> {
 /// `what == "plan"`. Every check runs before the launch.
 #[allow(clippy::too_many_arguments)]
 pub fn add_layer_norm_gather(
-    dev: &Device,
+    q: &impl AsStream,
     plan: &GatherPlan,
     residual: &mut ViewMut<'_, f16>,
     branch: &View<'_, f16>,
@@ -54,13 +70,12 @@ pub fn add_layer_norm_gather(
     eps: f32,
 ) -> Result<()> {
     let c = Check {
-        dev,
+        q: q.as_stream(),
         op: "add_layer_norm_gather",
     };
-    let (Some(name), Some(layout)) = (
-        kernel_name(width, affine.is_some()),
-        RowLayout::for_width(width),
-    ) else {
+    let (Some(kernel), Some(layout)) =
+        (kernel(width, affine.is_some()), RowLayout::for_width(width))
+    else {
         return Err(Error::UnsupportedWidth {
             op: c.op,
             width,
@@ -91,27 +106,24 @@ pub fn add_layer_norm_gather(
     c.finite_nonneg(eps, "eps")?;
     let (g, b) = Affine::check(affine, &c, width, &[(&os, "out"), (&rs, "residual")])?;
     let n_out = plan.len();
-    let grid = c.grid(n_out, layout.blocks_for(n_out))?;
-    let l = Launch {
-        grid: (grid, 1),
-        block: ROW_BLOCK,
-        shared_bytes: 0,
-    };
-    let args = [
-        Arg::Ptr(rs.ptr),
-        Arg::Ptr(bs.ptr),
-        Arg::Ptr(rs.ptr),
-        Arg::Ptr(table),
-        Arg::Ptr(os.ptr),
-        Arg::Ptr(g),
-        Arg::Ptr(b),
-        Arg::U64(n_out as u64),
-        Arg::U64(plan.n_src() as u64),
-        Arg::F32(eps),
-    ];
+    let l = row_launch(&c, n_out, layout.blocks_for(n_out))?;
     // SAFETY: the table was validated against n_src and names each source
     // once, so each residual element is read and written by one lane;
-    // extents, alignment and aliasing checked above; the argument list
-    // matches the kernel signature in wavefuse-device.
-    unsafe { dev.be.launch(name, l, &args) }
+    // extents, alignment and aliasing checked above.
+    unsafe {
+        kernel(
+            c.q,
+            l,
+            residual.arg_in(),
+            branch.arg(),
+            residual.arg(),
+            table,
+            out.arg(),
+            g,
+            b,
+            n_out as u64,
+            plan.n_src() as u64,
+            eps,
+        )
+    }
 }

@@ -22,9 +22,10 @@
 //! 16-byte aligned, element by element otherwise (any `cols >= 1`, any
 //! offset). Both give the same bits.
 use super::{Check, VEC_ALIGN};
-use crate::backend::{Arg, Launch};
+use crate::backend::Launch;
 use crate::buffer::{Span, View, ViewMut};
-use crate::device::Device;
+use crate::device::{AsStream, Stream};
+use crate::registry::{In, Out, launch};
 use crate::{Error, Result};
 use half::{bf16, f16};
 use wavefuse_shared::geometry::{GELU_BLOCK, GELU_PER_THREAD};
@@ -48,17 +49,27 @@ pub enum GeluBias<'a> {
     Bf16(&'a View<'a, bf16>),
 }
 
-/// The entry point for a (mode, bias dtype, path).
-fn kernel_name(mode: GeluMode, bf16_bias: bool, vector: bool) -> &'static str {
+type GeluKernel = for<'a, 'b, 'c> unsafe fn(
+    &Stream,
+    Launch,
+    In<'a, u16>,
+    In<'b, u16>,
+    Out<'c, u16>,
+    u32,
+    u32,
+) -> Result<()>;
+
+/// The kernel for a (mode, bias dtype, path).
+fn kernel(mode: GeluMode, bf16_bias: bool, vector: bool) -> GeluKernel {
     match (mode, bf16_bias, vector) {
-        (GeluMode::Erf, false, true) => "wf_bias_gelu_f16",
-        (GeluMode::Erf, true, true) => "wf_bias_gelu_bf16",
-        (GeluMode::Tanh, false, true) => "wf_bias_gelu_tanh_f16",
-        (GeluMode::Tanh, true, true) => "wf_bias_gelu_tanh_bf16",
-        (GeluMode::Erf, false, false) => "wf_bias_gelu_f16_scalar",
-        (GeluMode::Erf, true, false) => "wf_bias_gelu_bf16_scalar",
-        (GeluMode::Tanh, false, false) => "wf_bias_gelu_tanh_f16_scalar",
-        (GeluMode::Tanh, true, false) => "wf_bias_gelu_tanh_bf16_scalar",
+        (GeluMode::Erf, false, true) => launch::wf_bias_gelu_f16,
+        (GeluMode::Erf, true, true) => launch::wf_bias_gelu_bf16,
+        (GeluMode::Tanh, false, true) => launch::wf_bias_gelu_tanh_f16,
+        (GeluMode::Tanh, true, true) => launch::wf_bias_gelu_tanh_bf16,
+        (GeluMode::Erf, false, false) => launch::wf_bias_gelu_f16_scalar,
+        (GeluMode::Erf, true, false) => launch::wf_bias_gelu_bf16_scalar,
+        (GeluMode::Tanh, false, false) => launch::wf_bias_gelu_tanh_f16_scalar,
+        (GeluMode::Tanh, true, false) => launch::wf_bias_gelu_tanh_bf16_scalar,
     }
 }
 
@@ -72,7 +83,7 @@ fn kernel_name(mode: GeluMode, bf16_bias: bool, vector: bool) -> &'static str {
 /// another device ([`Error::WrongDevice`]), overlap ([`Error::Aliasing`]),
 /// more than `u32::MAX` elements ([`Error::TooLarge`]).
 pub fn bias_gelu(
-    dev: &Device,
+    q: &impl AsStream,
     x: &View<'_, f16>,
     bias: GeluBias<'_>,
     y: &mut ViewMut<'_, f16>,
@@ -80,7 +91,7 @@ pub fn bias_gelu(
     mode: GeluMode,
 ) -> Result<()> {
     let c = Check {
-        dev,
+        q: q.as_stream(),
         op: "bias_gelu",
     };
     if cols == 0 {
@@ -92,9 +103,10 @@ pub fn bias_gelu(
         });
     }
     let (xs, ys) = (Span::from(x), Span::from(&*y));
-    let (bs, bf16_bias) = match bias {
-        GeluBias::F16(b) => (Span::from(b), false),
-        GeluBias::Bf16(b) => (Span::from(b), true),
+    let (bs, b_arg, bf16_bias) = match bias {
+        GeluBias::F16(b) => (Span::from(b), b.arg(), false),
+        // bf16 halves cross the kernel ABI as u16 bits too.
+        GeluBias::Bf16(b) => (Span::from(b), b.arg(), true),
     };
     c.same_device(&xs, "x")?;
     c.same_device(&ys, "y")?;
@@ -117,24 +129,25 @@ pub fn bias_gelu(
     let grid = c.grid(
         rows,
         items.div_ceil((GELU_BLOCK * GELU_PER_THREAD) as usize),
+        GELU_BLOCK,
     )?;
     let l = Launch {
         grid: (grid, 1),
         block: GELU_BLOCK,
         shared_bytes: 0,
     };
-    let args = [
-        Arg::Ptr(xs.ptr),
-        Arg::Ptr(bs.ptr),
-        Arg::Ptr(ys.ptr),
-        Arg::U32(items as u32),
-        Arg::U32(per_row as u32),
-    ];
+    let run = kernel(mode, bf16_bias, vector);
     // SAFETY: lengths, devices and aliasing checked above; the vector path
-    // only with 16-byte alignment and cols % 8 == 0; the argument list
-    // matches the kernel signatures in wavefuse-device.
+    // only with 16-byte alignment and cols % 8 == 0.
     unsafe {
-        dev.be
-            .launch(kernel_name(mode, bf16_bias, vector), l, &args)
+        run(
+            c.q,
+            l,
+            x.arg(),
+            b_arg,
+            y.arg(),
+            items as u32,
+            per_row as u32,
+        )
     }
 }

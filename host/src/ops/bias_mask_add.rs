@@ -26,9 +26,10 @@
 //! nothing (`half::f16::from_f32`), and it halves the mask's bytes. A mask
 //! value that is not an f16 would be rounded by that conversion.
 use super::Check;
-use crate::backend::{Arg, Launch};
+use crate::backend::Launch;
 use crate::buffer::{DeviceBuffer, Span, View, ViewMut};
-use crate::device::Device;
+use crate::device::{AsStream, Device};
+use crate::registry::{In, launch};
 use crate::{Error, Result};
 use half::f16;
 use wavefuse_shared::geometry::ADD_BLOCK;
@@ -131,12 +132,12 @@ pub struct AttnBias<'a> {
 }
 
 /// Kernel arguments after the checks shared by the bias + mask family.
-pub(crate) struct AttnArgs {
+pub(crate) struct AttnArgs<'a> {
     pub windows: usize,
-    pub bias: u64,
-    pub mask: u64,
-    pub ty: u64,
-    pub slot: u64,
+    pub bias: In<'a, u16>,
+    pub mask: In<'a, u16>,
+    pub ty: In<'a, i32>,
+    pub slot: In<'a, i32>,
     pub n_types: u32,
     pub n_slots: u32,
 }
@@ -144,14 +145,14 @@ pub(crate) struct AttnArgs {
 /// Checks `scores` ([windows, heads, T, T]) against `ab` (see the module
 /// docs for the shapes); `outs` are the written spans (must not overlap
 /// the bias, mask or tables).
-pub(crate) fn check_attn(
+pub(crate) fn check_attn<'a>(
     c: &Check<'_>,
     scores: &Span,
     outs: &[(&Span, &'static str)],
     heads: usize,
     tokens: usize,
-    ab: &AttnBias<'_>,
-) -> Result<AttnArgs> {
+    ab: &AttnBias<'a>,
+) -> Result<AttnArgs<'a>> {
     if heads == 0 || heads > u32::MAX as usize {
         return Err(Error::BadParameter {
             op: c.op,
@@ -211,15 +212,15 @@ pub(crate) fn check_attn(
                 c.disjoint(o, n, &ms, "mask")?;
                 c.disjoint(o, n, &ss, "slot")?;
             }
-            (ms.ptr, ss.ptr, m.slot.bound() as u32)
+            (m.mask.arg(), m.slot.table().arg(), m.slot.bound() as u32)
         }
-        None => (0, 0, 0),
+        None => (In::null(), In::null(), 0),
     };
     Ok(AttnArgs {
         windows,
-        bias: bias.ptr,
+        bias: ab.bias.arg(),
         mask,
-        ty: ty.ptr,
+        ty: ab.ty.table().arg(),
         slot,
         n_types: ab.ty.bound() as u32,
         n_slots,
@@ -239,14 +240,14 @@ pub(crate) fn check_attn(
 /// ([`Error::WrongDevice`]); too many tiles for one launch
 /// ([`Error::TooLarge`]).
 pub fn bias_mask_add(
-    dev: &Device,
+    q: &impl AsStream,
     scores: &mut ViewMut<'_, f16>,
     heads: usize,
     tokens: usize,
     ab: &AttnBias<'_>,
 ) -> Result<()> {
     let c = Check {
-        dev,
+        q: q.as_stream(),
         op: "bias_mask_add",
     };
     if tokens == 0 || !tokens.is_multiple_of(4) || tokens > 1 << 15 {
@@ -260,30 +261,32 @@ pub fn bias_mask_add(
     let s = Span::from(&*scores);
     let a = check_attn(&c, &s, &[(&s, "scores")], heads, tokens, ab)?;
     let tiles = a.windows * heads;
-    let grid = c.grid(tiles, tiles)?;
+    let grid = c.grid(tiles, tiles, ADD_BLOCK)?;
     let l = Launch {
         grid: (grid, 1),
         block: ADD_BLOCK,
         shared_bytes: 0,
     };
-    let args = [
-        Arg::Ptr(s.ptr),
-        Arg::Ptr(a.bias),
-        Arg::Ptr(a.mask),
-        Arg::Ptr(a.ty),
-        Arg::Ptr(a.slot),
-        Arg::U32(heads as u32),
-        Arg::U32((tokens * tokens / 8) as u32),
-        Arg::U32(a.n_types),
-        Arg::U32(a.n_slots),
-    ];
-    let name = if ab.mask.is_some() {
-        "wf_bias_mask_add"
+    let run = if ab.mask.is_some() {
+        launch::wf_bias_mask_add
     } else {
-        "wf_bias_mask_add_nomask"
+        launch::wf_bias_mask_add_nomask
     };
     // SAFETY: shapes, tables (validated at construction), alignment,
-    // devices and aliasing checked above; the argument list matches the
-    // kernel signature in wavefuse-device.
-    unsafe { dev.be.launch(name, l, &args) }
+    // devices and aliasing checked above.
+    unsafe {
+        run(
+            c.q,
+            l,
+            scores.arg(),
+            a.bias,
+            a.mask,
+            a.ty,
+            a.slot,
+            heads as u32,
+            (tokens * tokens / 8) as u32,
+            a.n_types,
+            a.n_slots,
+        )
+    }
 }

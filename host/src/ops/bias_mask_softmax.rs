@@ -14,9 +14,10 @@
 //! ([`bias_mask_softmax_inplace`]).
 use super::Check;
 use super::bias_mask_add::{AttnBias, check_attn};
-use crate::backend::{Arg, Launch};
+use crate::backend::Launch;
 use crate::buffer::{Span, View, ViewMut};
-use crate::device::Device;
+use crate::device::AsStream;
+use crate::registry::{In, Out, launch};
 use crate::{Error, Result};
 use half::f16;
 use wavefuse_shared::geometry::{SOFTMAX_BLOCK, SOFTMAX_ROWS, SOFTMAX_T};
@@ -24,10 +25,13 @@ use wavefuse_shared::geometry::{SOFTMAX_BLOCK, SOFTMAX_ROWS, SOFTMAX_T};
 /// Row lengths (tokens per window) with a kernel.
 pub const SOFTMAX_TOKENS: [usize; 1] = [SOFTMAX_T as usize];
 
-fn launch(
+#[allow(clippy::too_many_arguments)]
+fn run(
     c: &Check<'_>,
     s: &Span,
+    s_arg: In<'_, u16>,
     p: &Span,
+    p_arg: Out<'_, u16>,
     heads: usize,
     tokens: usize,
     ab: &AttnBias<'_>,
@@ -49,33 +53,35 @@ fn launch(
             blocks: rows.div_ceil(per_block),
         });
     }
-    let grid = c.grid(rows, rows.div_ceil(per_block))?;
+    let grid = c.grid(rows, rows.div_ceil(per_block), SOFTMAX_BLOCK)?;
     let l = Launch {
         grid: (grid, 1),
         block: SOFTMAX_BLOCK,
         shared_bytes: 0,
     };
-    let args = [
-        Arg::Ptr(s.ptr),
-        Arg::Ptr(p.ptr),
-        Arg::Ptr(a.bias),
-        Arg::Ptr(a.mask),
-        Arg::Ptr(a.ty),
-        Arg::Ptr(a.slot),
-        Arg::U32(rows as u32),
-        Arg::U32(heads as u32),
-        Arg::U32(a.n_types),
-        Arg::U32(a.n_slots),
-    ];
-    let name = if ab.mask.is_some() {
-        "wf_bias_mask_softmax_144"
+    let kernel = if ab.mask.is_some() {
+        launch::wf_bias_mask_softmax_144
     } else {
-        "wf_bias_mask_softmax_nomask_144"
+        launch::wf_bias_mask_softmax_nomask_144
     };
     // SAFETY: shapes, tables (validated at construction), alignment,
-    // devices and aliasing checked above (`p` is `s` or disjoint from it);
-    // the argument list matches the kernel signature in wavefuse-device.
-    unsafe { c.dev.be.launch(name, l, &args) }
+    // devices and aliasing checked above (`p` is `s` or disjoint from it).
+    unsafe {
+        kernel(
+            c.q,
+            l,
+            s_arg,
+            p_arg,
+            a.bias,
+            a.mask,
+            a.ty,
+            a.slot,
+            rows as u32,
+            heads as u32,
+            a.n_types,
+            a.n_slots,
+        )
+    }
 }
 
 /// `probs = softmax(scores + bias (+ mask))` over the last axis (see the
@@ -90,7 +96,7 @@ fn launch(
 /// ([`Error::WrongDevice`]); overlap ([`Error::Aliasing`]); too many rows
 /// ([`Error::TooLarge`]).
 pub fn bias_mask_softmax(
-    dev: &Device,
+    q: &impl AsStream,
     scores: &View<'_, f16>,
     probs: &mut ViewMut<'_, f16>,
     heads: usize,
@@ -98,26 +104,27 @@ pub fn bias_mask_softmax(
     ab: &AttnBias<'_>,
 ) -> Result<()> {
     let c = Check {
-        dev,
+        q: q.as_stream(),
         op: "bias_mask_softmax",
     };
     let (s, p) = (Span::from(scores), Span::from(&*probs));
     c.disjoint(&s, "scores", &p, "probs")?;
-    launch(&c, &s, &p, heads, tokens, ab)
+    run(&c, &s, scores.arg(), &p, probs.arg(), heads, tokens, ab)
 }
 
 /// [`bias_mask_softmax`] writing the probabilities over the scores.
 pub fn bias_mask_softmax_inplace(
-    dev: &Device,
+    q: &impl AsStream,
     scores: &mut ViewMut<'_, f16>,
     heads: usize,
     tokens: usize,
     ab: &AttnBias<'_>,
 ) -> Result<()> {
     let c = Check {
-        dev,
+        q: q.as_stream(),
         op: "bias_mask_softmax",
     };
     let s = Span::from(&*scores);
-    launch(&c, &s, &s, heads, tokens, ab)
+    let s_arg = scores.arg_in();
+    run(&c, &s, s_arg, &s, scores.arg(), heads, tokens, ab)
 }

@@ -6,9 +6,10 @@
 //! [`GatherPlan`] is built (every entry `-1` or in `0..n_src`), and lives on
 //! the device; each [`gather`] then only checks shapes.
 use super::Check;
-use crate::backend::{Arg, Launch};
+use crate::backend::Launch;
 use crate::buffer::{DeviceBuffer, Span, View, ViewMut};
-use crate::device::Device;
+use crate::device::{AsStream, Device, Stream};
+use crate::registry::{In, Out, launch};
 use crate::{Error, Result};
 use half::f16;
 use wavefuse_shared::geometry::GENERIC_LANES;
@@ -130,17 +131,18 @@ impl GatherPlan {
     }
 }
 
-/// Shared argument checks of the gather family: the plan is on `dev`,
-/// `src` holds `plan.n_src()` tokens and `out` `plan.len()` tokens of
-/// `width`, both aligned and disjoint. Returns the table's address.
-pub(crate) fn check_plan(
+/// Shared argument checks of the gather family: the plan is on the
+/// stream's device, `src` holds `plan.n_src()` tokens and `out`
+/// `plan.len()` tokens of `width`, both aligned and disjoint. Returns the
+/// table as a kernel argument.
+pub(crate) fn check_plan<'p>(
     c: &Check<'_>,
-    plan: &GatherPlan,
+    plan: &'p GatherPlan,
     src: &Span,
     out: &Span,
     width: usize,
-) -> Result<u64> {
-    c.dev.check_same(plan.device().id, c.op, "plan")?;
+) -> Result<In<'p, i32>> {
+    c.q.check_same(plan.device().id, c.op, "plan")?;
     c.same_device(src, "src")?;
     c.same_device(out, "out")?;
     let n_src = c.rows(src, "src", width)?;
@@ -164,7 +166,7 @@ pub(crate) fn check_plan(
     c.aligned(src, "src")?;
     c.aligned(out, "out")?;
     c.disjoint(src, "src", out, "out")?;
-    Ok(plan.table.device_ptr())
+    Ok(plan.table.view().arg())
 }
 
 /// `out[t] = plan[t] >= 0 ? src[plan[t]] : 0` over tokens of `width`
@@ -174,13 +176,16 @@ pub(crate) fn check_plan(
 /// `src` is [plan.n_src(), width], `out` is [plan.len(), width]; both
 /// 16-byte aligned and disjoint. Every check runs before the launch.
 pub fn gather(
-    dev: &Device,
+    q: &impl AsStream,
     plan: &GatherPlan,
     src: &View<'_, f16>,
     out: &mut ViewMut<'_, f16>,
     width: usize,
 ) -> Result<()> {
-    let c = Check { dev, op: "gather" };
+    let c = Check {
+        q: q.as_stream(),
+        op: "gather",
+    };
     if width == 0 || !width.is_multiple_of(VEC_HALVES) {
         return Err(Error::BadParameter {
             op: c.op,
@@ -192,35 +197,46 @@ pub fn gather(
     let (ss, os) = (Span::from(src), Span::from(&*out));
     let table = check_plan(&c, plan, &ss, &os, width)?;
     let n_out = plan.len();
-    let fixed = match width {
-        192 => Some("wf_gather_192"),
-        384 => Some("wf_gather_384"),
-        768 => Some("wf_gather_768"),
+    let fixed: Option<GatherKernel> = match width {
+        192 => Some(launch::wf_gather_192),
+        384 => Some(launch::wf_gather_384),
+        768 => Some(launch::wf_gather_768),
         _ => None,
     };
-    let mut args = vec![
-        Arg::Ptr(ss.ptr),
-        Arg::Ptr(table),
-        Arg::Ptr(os.ptr),
-        Arg::U64(n_out as u64),
-        Arg::U64(plan.n_src as u64),
-    ];
-    let (name, blocks) = match (fixed, gather_layout(width)) {
-        (Some(name), Some(layout)) => (name, layout.blocks_for(n_out)),
-        _ => {
-            args.push(Arg::U64((width / VEC_HALVES) as u64));
-            let per_block = (ROW_BLOCK / GENERIC_LANES) as usize;
-            ("wf_gather_generic", n_out.div_ceil(per_block))
+    let (src, out) = (src.arg(), out.arg());
+    let (n_out64, n_src64) = (n_out as u64, plan.n_src as u64);
+    match (fixed, gather_layout(width)) {
+        (Some(kernel), Some(layout)) => {
+            let l = row_launch(&c, n_out, layout.blocks_for(n_out))?;
+            // SAFETY: the table was validated against n_src and lives as
+            // long as `plan`; extents, alignment and aliasing checked above.
+            unsafe { kernel(c.q, l, src, table, out, n_out64, n_src64) }
         }
-    };
-    let grid = c.grid(n_out, blocks)?;
-    let l = Launch {
-        grid: (grid, 1),
+        _ => {
+            let per_block = (ROW_BLOCK / GENERIC_LANES) as usize;
+            let l = row_launch(&c, n_out, n_out.div_ceil(per_block))?;
+            let vecs = (width / VEC_HALVES) as u64;
+            // SAFETY: as above.
+            unsafe { launch::wf_gather_generic(c.q, l, src, table, out, n_out64, n_src64, vecs) }
+        }
+    }
+}
+
+type GatherKernel = for<'a, 'b, 'c> unsafe fn(
+    &Stream,
+    Launch,
+    In<'a, u16>,
+    In<'b, i32>,
+    Out<'c, u16>,
+    u64,
+    u64,
+) -> Result<()>;
+
+/// A one-dimensional launch of `blocks` row workgroups.
+pub(crate) fn row_launch(c: &Check<'_>, rows: usize, blocks: usize) -> Result<Launch> {
+    Ok(Launch {
+        grid: (c.grid(rows, blocks, ROW_BLOCK)?, 1),
         block: ROW_BLOCK,
         shared_bytes: 0,
-    };
-    // SAFETY: the table was validated against n_src and lives as long as
-    // `plan`; extents, alignment and aliasing checked above; the argument
-    // list matches the kernel signature in wavefuse-device.
-    unsafe { dev.be.launch(name, l, &args) }
+    })
 }

@@ -5,9 +5,10 @@
 //! then `* gamma + beta` in f32 when affine, rounded once to f16. A row
 //! holding NaN or Inf gives NaN everywhere in that row.
 use super::Check;
-use crate::backend::{Arg, Launch};
+use crate::backend::Launch;
 use crate::buffer::{Span, View, ViewMut};
-use crate::device::Device;
+use crate::device::{AsStream, Stream};
+use crate::registry::{In, Out, launch};
 use crate::{Error, Result};
 use half::f16;
 use wavefuse_shared::layout::{LN_WIDTHS, ROW_BLOCK, RowLayout};
@@ -21,18 +22,18 @@ pub struct Affine<'a, 'b> {
     pub beta: &'b View<'b, f16>,
 }
 
-impl Affine<'_, '_> {
+impl<'a, 'b> Affine<'a, 'b> {
     /// Checks gamma and beta (this device, `width` long, 16-byte aligned,
-    /// disjoint from every output) and returns their device addresses;
-    /// `(0, 0)` without affine.
+    /// disjoint from every output) and returns them as kernel arguments;
+    /// null without affine.
     pub(crate) fn check(
-        affine: Option<Affine<'_, '_>>,
+        affine: Option<Affine<'a, 'b>>,
         c: &Check<'_>,
         width: usize,
         outputs: &[(&Span, &'static str)],
-    ) -> Result<(u64, u64)> {
+    ) -> Result<(In<'a, u16>, In<'b, u16>)> {
         let Some(a) = affine else {
-            return Ok((0, 0));
+            return Ok((In::null(), In::null()));
         };
         let (gs, bs) = (Span::from(a.gamma), Span::from(a.beta));
         for (s, n) in [(&gs, "gamma"), (&bs, "beta")] {
@@ -43,19 +44,30 @@ impl Affine<'_, '_> {
                 c.disjoint(s, n, o, on)?;
             }
         }
-        Ok((gs.ptr, bs.ptr))
+        Ok((a.gamma.arg(), a.beta.arg()))
     }
 }
 
-/// The kernel entry point for a width (`None` when unsupported).
-pub(crate) fn kernel_name(width: usize, affine: bool) -> Option<&'static str> {
+/// The kernel for a width and affine flag (`None` when unsupported).
+type LnKernel = for<'a, 'b, 'c, 'd> unsafe fn(
+    &Stream,
+    Launch,
+    In<'a, u16>,
+    Out<'b, u16>,
+    In<'c, u16>,
+    In<'d, u16>,
+    u64,
+    f32,
+) -> Result<()>;
+
+fn kernel(width: usize, affine: bool) -> Option<LnKernel> {
     Some(match (width, affine) {
-        (192, false) => "wf_layer_norm_192",
-        (384, false) => "wf_layer_norm_384",
-        (768, false) => "wf_layer_norm_768",
-        (192, true) => "wf_layer_norm_affine_192",
-        (384, true) => "wf_layer_norm_affine_384",
-        (768, true) => "wf_layer_norm_affine_768",
+        (192, false) => launch::wf_layer_norm_192,
+        (384, false) => launch::wf_layer_norm_384,
+        (768, false) => launch::wf_layer_norm_768,
+        (192, true) => launch::wf_layer_norm_affine_192,
+        (384, true) => launch::wf_layer_norm_affine_384,
+        (768, true) => launch::wf_layer_norm_affine_768,
         _ => return None,
     })
 }
@@ -65,7 +77,7 @@ pub(crate) fn kernel_name(width: usize, affine: bool) -> Option<&'static str> {
 /// `x` and `y` are [rows, width] (rows >= 1), 16-byte aligned, and must not
 /// overlap. Every check runs before the launch.
 pub fn layer_norm(
-    dev: &Device,
+    q: &impl AsStream,
     x: &View<'_, f16>,
     y: &mut ViewMut<'_, f16>,
     width: usize,
@@ -73,10 +85,10 @@ pub fn layer_norm(
     eps: f32,
 ) -> Result<()> {
     let c = Check {
-        dev,
+        q: q.as_stream(),
         op: "layer_norm",
     };
-    let name = kernel_name(width, affine.is_some()).ok_or(Error::UnsupportedWidth {
+    let run = kernel(width, affine.is_some()).ok_or(Error::UnsupportedWidth {
         op: c.op,
         width,
         supported: &LN_WIDTHS,
@@ -96,21 +108,12 @@ pub fn layer_norm(
     c.disjoint(&xs, "x", &ys, "y")?;
     c.finite_nonneg(eps, "eps")?;
     let (g, b) = Affine::check(affine, &c, width, &[(&ys, "y")])?;
-    let grid = c.grid(rows, layout.blocks_for(rows))?;
+    let grid = c.grid(rows, layout.blocks_for(rows), ROW_BLOCK)?;
     let l = Launch {
         grid: (grid, 1),
         block: ROW_BLOCK,
         shared_bytes: 0,
     };
-    let args = [
-        Arg::Ptr(xs.ptr),
-        Arg::Ptr(ys.ptr),
-        Arg::Ptr(g),
-        Arg::Ptr(b),
-        Arg::U64(rows as u64),
-        Arg::F32(eps),
-    ];
-    // SAFETY: extents, alignment and aliasing checked above; the argument
-    // list matches the kernel signature in wavefuse-device.
-    unsafe { dev.be.launch(name, l, &args) }
+    // SAFETY: extents, alignment and aliasing checked above.
+    unsafe { run(c.q, l, x.arg(), y.arg(), g, b, rows as u64, eps) }
 }

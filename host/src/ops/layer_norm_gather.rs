@@ -7,24 +7,38 @@
 //! gives a NaN row). Padding tokens are `+0.0` (also with affine: zero, not
 //! `beta`), as PyTorch's `LN -> pad -> partition` order produces.
 use super::Check;
-use super::gather::{GatherPlan, check_plan};
+use super::gather::{GatherPlan, check_plan, row_launch};
 use super::layer_norm::Affine;
-use crate::backend::{Arg, Launch};
+use crate::backend::Launch;
 use crate::buffer::{Span, View, ViewMut};
-use crate::device::Device;
+use crate::device::{AsStream, Stream};
+use crate::registry::{In, Out, launch};
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_shared::layout::{LN_WIDTHS, ROW_BLOCK, RowLayout};
+use wavefuse_shared::layout::{LN_WIDTHS, RowLayout};
 
-/// The kernel entry point for a width (`None` when unsupported).
-pub(crate) fn kernel_name(width: usize, affine: bool) -> Option<&'static str> {
+type LnGatherKernel = for<'a, 'b, 'c, 'd, 'e> unsafe fn(
+    &Stream,
+    Launch,
+    In<'a, u16>,
+    In<'b, i32>,
+    Out<'c, u16>,
+    In<'d, u16>,
+    In<'e, u16>,
+    u64,
+    u64,
+    f32,
+) -> Result<()>;
+
+/// The kernel for a width and affine flag (`None` when unsupported).
+fn kernel(width: usize, affine: bool) -> Option<LnGatherKernel> {
     Some(match (width, affine) {
-        (192, false) => "wf_layer_norm_gather_192",
-        (384, false) => "wf_layer_norm_gather_384",
-        (768, false) => "wf_layer_norm_gather_768",
-        (192, true) => "wf_layer_norm_gather_affine_192",
-        (384, true) => "wf_layer_norm_gather_affine_384",
-        (768, true) => "wf_layer_norm_gather_affine_768",
+        (192, false) => launch::wf_layer_norm_gather_192,
+        (384, false) => launch::wf_layer_norm_gather_384,
+        (768, false) => launch::wf_layer_norm_gather_768,
+        (192, true) => launch::wf_layer_norm_gather_affine_192,
+        (384, true) => launch::wf_layer_norm_gather_affine_384,
+        (768, true) => launch::wf_layer_norm_gather_affine_768,
         _ => return None,
     })
 }
@@ -37,7 +51,7 @@ pub(crate) fn kernel_name(width: usize, affine: bool) -> Option<&'static str> {
 /// long, aligned, and must not overlap `out`. Every check runs before the
 /// launch.
 pub fn layer_norm_gather(
-    dev: &Device,
+    q: &impl AsStream,
     plan: &GatherPlan,
     src: &View<'_, f16>,
     out: &mut ViewMut<'_, f16>,
@@ -46,13 +60,12 @@ pub fn layer_norm_gather(
     eps: f32,
 ) -> Result<()> {
     let c = Check {
-        dev,
+        q: q.as_stream(),
         op: "layer_norm_gather",
     };
-    let (Some(name), Some(layout)) = (
-        kernel_name(width, affine.is_some()),
-        RowLayout::for_width(width),
-    ) else {
+    let (Some(kernel), Some(layout)) =
+        (kernel(width, affine.is_some()), RowLayout::for_width(width))
+    else {
         return Err(Error::UnsupportedWidth {
             op: c.op,
             width,
@@ -64,24 +77,21 @@ pub fn layer_norm_gather(
     c.finite_nonneg(eps, "eps")?;
     let (g, b) = Affine::check(affine, &c, width, &[(&os, "out")])?;
     let n_out = plan.len();
-    let grid = c.grid(n_out, layout.blocks_for(n_out))?;
-    let l = Launch {
-        grid: (grid, 1),
-        block: ROW_BLOCK,
-        shared_bytes: 0,
-    };
-    let args = [
-        Arg::Ptr(ss.ptr),
-        Arg::Ptr(table),
-        Arg::Ptr(os.ptr),
-        Arg::Ptr(g),
-        Arg::Ptr(b),
-        Arg::U64(n_out as u64),
-        Arg::U64(plan.n_src() as u64),
-        Arg::F32(eps),
-    ];
+    let l = row_launch(&c, n_out, layout.blocks_for(n_out))?;
     // SAFETY: the table was validated against n_src and lives as long as
-    // `plan`; extents, alignment and aliasing checked above; the argument
-    // list matches the kernel signature in wavefuse-device.
-    unsafe { dev.be.launch(name, l, &args) }
+    // `plan`; extents, alignment and aliasing checked above.
+    unsafe {
+        kernel(
+            c.q,
+            l,
+            src.arg(),
+            table,
+            out.arg(),
+            g,
+            b,
+            n_out as u64,
+            plan.n_src() as u64,
+            eps,
+        )
+    }
 }

@@ -9,70 +9,35 @@ pub mod layer_norm;
 pub mod layer_norm_gather;
 pub mod qkv_split;
 
-/// Every kernel entry point the backends load.
-pub const KERNELS: &[&str] = &[
-    "wf_layer_norm_192",
-    "wf_layer_norm_384",
-    "wf_layer_norm_768",
-    "wf_layer_norm_affine_192",
-    "wf_layer_norm_affine_384",
-    "wf_layer_norm_affine_768",
-    "wf_add_layer_norm_192",
-    "wf_add_layer_norm_384",
-    "wf_add_layer_norm_768",
-    "wf_add_layer_norm_affine_192",
-    "wf_add_layer_norm_affine_384",
-    "wf_add_layer_norm_affine_768",
-    "wf_layer_norm_gather_192",
-    "wf_layer_norm_gather_384",
-    "wf_layer_norm_gather_768",
-    "wf_layer_norm_gather_affine_192",
-    "wf_layer_norm_gather_affine_384",
-    "wf_layer_norm_gather_affine_768",
-    "wf_gather_192",
-    "wf_gather_384",
-    "wf_gather_768",
-    "wf_gather_generic",
-    "wf_add_layer_norm_gather_192",
-    "wf_add_layer_norm_gather_384",
-    "wf_add_layer_norm_gather_768",
-    "wf_add_layer_norm_gather_affine_192",
-    "wf_add_layer_norm_gather_affine_384",
-    "wf_add_layer_norm_gather_affine_768",
-    "wf_bias_gelu_f16",
-    "wf_bias_gelu_bf16",
-    "wf_bias_gelu_tanh_f16",
-    "wf_bias_gelu_tanh_bf16",
-    "wf_bias_gelu_f16_scalar",
-    "wf_bias_gelu_bf16_scalar",
-    "wf_bias_gelu_tanh_f16_scalar",
-    "wf_bias_gelu_tanh_bf16_scalar",
-    "wf_qkv_split",
-    "wf_qkv_split_bias",
-    "wf_bias_mask_add",
-    "wf_bias_mask_add_nomask",
-    "wf_bias_mask_softmax_144",
-    "wf_bias_mask_softmax_nomask_144",
-];
-
 use crate::buffer::Span;
-use crate::device::Device;
+use crate::device::Stream;
 use crate::{Error, Result};
+use wavefuse_shared::Target;
 
 /// Alignment of the 16-byte vector path.
 pub(crate) const VEC_ALIGN: u64 = 16;
 
-/// The largest grid dimension every backend accepts.
+/// The largest grid x dimension every backend accepts (CUDA: 2^31 - 1).
 pub(crate) const MAX_GRID: usize = i32::MAX as usize;
 
+/// The most threads one launch may have (HIP counts grid x block threads
+/// in 32 bits).
+pub(crate) const MAX_THREADS: u64 = u32::MAX as u64;
+
+/// The argument checks of one op on one stream.
 pub(crate) struct Check<'a> {
-    pub dev: &'a Device,
+    pub q: &'a Stream,
     pub op: &'static str,
 }
 
 impl Check<'_> {
     pub fn same_device(&self, s: &Span, what: &'static str) -> Result<()> {
-        self.dev.check_same(s.dev, self.op, what)
+        self.q.check_same(s.dev, self.op, what)
+    }
+
+    /// The kernel build the stream's device runs.
+    pub fn target(&self) -> Target {
+        self.q.info().backend.target()
     }
 
     pub fn aligned(&self, s: &Span, what: &'static str) -> Result<()> {
@@ -129,8 +94,10 @@ impl Check<'_> {
         }
     }
 
-    pub fn grid(&self, rows: usize, blocks: usize) -> Result<u32> {
-        if blocks > MAX_GRID {
+    /// `blocks` workgroups of `block` threads as a grid dimension, or
+    /// [`Error::TooLarge`] past what every backend launches.
+    pub fn grid(&self, rows: usize, blocks: usize, block: u32) -> Result<u32> {
+        if blocks > MAX_GRID || blocks as u64 * u64::from(block) > MAX_THREADS {
             return Err(Error::TooLarge {
                 op: self.op,
                 rows,

@@ -15,9 +15,10 @@
 //!   `q * scale`. (A Linear with its bias fused in the GEMM epilogue rounds
 //!   `xW + b` once; that cannot be recovered from an f16 GEMM output.)
 use super::Check;
-use crate::backend::{Arg, Launch};
+use crate::backend::Launch;
 use crate::buffer::{Span, View, ViewMut};
-use crate::device::Device;
+use crate::device::AsStream;
+use crate::registry::{In, launch};
 use crate::{Error, Result};
 use half::f16;
 use wavefuse_shared::geometry::{QKV_BLOCK, QKV_HEAD_DIM, QKV_PER_THREAD};
@@ -62,7 +63,7 @@ impl QkvSplit {
 /// buffers of another device ([`Error::WrongDevice`]); overlapping buffers
 /// ([`Error::Aliasing`]); more than `u32::MAX` vectors ([`Error::TooLarge`]).
 pub fn qkv_split(
-    dev: &Device,
+    stream: &impl AsStream,
     qkv: &View<'_, f16>,
     bias: Option<&View<'_, f16>>,
     q: &mut ViewMut<'_, f16>,
@@ -71,7 +72,7 @@ pub fn qkv_split(
     p: &QkvSplit,
 ) -> Result<()> {
     let c = Check {
-        dev,
+        q: stream.as_stream(),
         op: "qkv_split",
     };
     if p.head_dim != QKV_HEAD_DIM as usize {
@@ -130,7 +131,7 @@ pub fn qkv_split(
     c.disjoint(&outs[0].0, "q", &outs[1].0, "k")?;
     c.disjoint(&outs[0].0, "q", &outs[2].0, "v")?;
     c.disjoint(&outs[1].0, "k", &outs[2].0, "v")?;
-    let bptr = match bias {
+    let b_arg = match bias {
         Some(b) => {
             let bs = Span::from(b);
             c.same_device(&bs, "bias")?;
@@ -139,9 +140,9 @@ pub fn qkv_split(
             for (s, n) in &outs {
                 c.disjoint(&bs, "bias", s, n)?;
             }
-            bs.ptr
+            b.arg()
         }
-        None => 0,
+        None => In::null(),
     };
     let n_vec = xs.len / 8;
     let per_block = (QKV_BLOCK * QKV_PER_THREAD) as usize;
@@ -152,29 +153,31 @@ pub fn qkv_split(
             blocks: n_vec.div_ceil(per_block),
         });
     }
-    let grid = c.grid(windows, n_vec.div_ceil(per_block))?;
+    let grid = c.grid(windows, n_vec.div_ceil(per_block), QKV_BLOCK)?;
     let l = Launch {
         grid: (grid, 1),
         block: QKV_BLOCK,
         shared_bytes: 0,
     };
-    let args = [
-        Arg::Ptr(xs.ptr),
-        Arg::Ptr(bptr),
-        Arg::Ptr(outs[0].0.ptr),
-        Arg::Ptr(outs[1].0.ptr),
-        Arg::Ptr(outs[2].0.ptr),
-        Arg::U32(n_vec as u32),
-        Arg::U32(p.heads as u32),
-        Arg::U32(p.tokens_per_window as u32),
-        Arg::F32(p.scale),
-    ];
-    let name = if bias.is_some() {
-        "wf_qkv_split_bias"
+    let kernel = if bias.is_some() {
+        launch::wf_qkv_split_bias
     } else {
-        "wf_qkv_split"
+        launch::wf_qkv_split
     };
-    // SAFETY: lengths, alignment, devices and aliasing checked above; the
-    // argument list matches the kernel signature in wavefuse-device.
-    unsafe { dev.be.launch(name, l, &args) }
+    // SAFETY: lengths, alignment, devices and aliasing checked above.
+    unsafe {
+        kernel(
+            c.q,
+            l,
+            qkv.arg(),
+            b_arg,
+            q.arg(),
+            k.arg(),
+            v.arg(),
+            n_vec as u32,
+            p.heads as u32,
+            p.tokens_per_window as u32,
+            p.scale,
+        )
+    }
 }

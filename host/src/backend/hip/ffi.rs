@@ -39,6 +39,38 @@ pub type Event = *mut c_void;
 /// `hipDeviceptr_t` (a `void*` on the AMD platform).
 pub type DevPtr = *mut c_void;
 
+/// `hipPointerAttribute_t`: the same six members in ROCm 5 (first one
+/// `memoryType`) and ROCm >= 6 (renamed `type`), in Debian's ROCm 5.2
+/// `/usr/include/hip/hip_runtime_api.h` and ROCm/HIP at rocm-6.0.0. What
+/// the memory-type values mean changed in ROCm 6: see
+/// [`memory_is_device`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PointerAttributes {
+    /// `hipMemoryType`.
+    pub memory_type: c_int,
+    /// Device ordinal.
+    pub device: c_int,
+    /// `void* devicePointer`.
+    pub device_pointer: usize,
+    /// `void* hostPointer`.
+    pub host_pointer: usize,
+    /// `int isManaged`.
+    pub is_managed: c_int,
+    /// `unsigned allocationFlags`.
+    pub allocation_flags: c_uint,
+}
+
+/// Whether a `hipPointerAttribute_t` describes memory the device
+/// addresses. ROCm 5's `hipMemoryType` is Host 0, Device 1, Array 2,
+/// Unified 3 (Debian's 5.2 header); ROCm >= 6 took CUDA's values:
+/// Unregistered 0, Host 1, Device 2, Managed 3 (ROCm/HIP rocm-6.0.0
+/// `hip_runtime_api.h`). Managed memory counts as device memory.
+pub fn memory_is_device(a: &PointerAttributes, runtime_major: i32) -> bool {
+    let device = if runtime_major >= 6 { 2 } else { 1 };
+    a.memory_type == device || a.is_managed != 0
+}
+
 /// `hipStreamNonBlocking` (flag of `hipStreamCreateWithFlags`).
 pub const HIP_STREAM_NON_BLOCKING: c_uint = 0x01;
 
@@ -201,6 +233,16 @@ pub struct Api {
     pub event_destroy: unsafe extern "C" fn(Event) -> HipError,
     /// `hipError_t hipMemGetInfo(size_t* free, size_t* total)`
     pub mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> HipError,
+    /// `hipError_t hipStreamWaitEvent(hipStream_t stream, hipEvent_t event, unsigned int flags)`
+    pub stream_wait_event: unsafe extern "C" fn(Stream, Event, c_uint) -> HipError,
+    /// `hipError_t hipPointerGetAttributes(hipPointerAttribute_t* attributes, const void* ptr)`
+    pub pointer_get_attributes:
+        unsafe extern "C" fn(*mut PointerAttributes, *const c_void) -> HipError,
+    /// `hipError_t hipMemGetAddressRange(hipDeviceptr_t* pbase, size_t* psize, hipDeviceptr_t dptr)`
+    pub mem_get_address_range: unsafe extern "C" fn(*mut DevPtr, *mut usize, DevPtr) -> HipError,
+    /// `hipError_t hipStreamGetDevice(hipStream_t stream, hipDevice_t* device)`: ROCm >= 5.6
+    /// only (absent from Debian's 5.2), so optional.
+    pub stream_get_device: Option<unsafe extern "C" fn(Stream, *mut c_int) -> HipError>,
     /// `const char* hipGetErrorName(hipError_t hip_error)`
     pub get_error_name: unsafe extern "C" fn(HipError) -> *const c_char,
 }
@@ -283,6 +325,17 @@ impl Api {
             event_elapsed_time: sym!(lib, "hipEventElapsedTime", file),
             event_destroy: sym!(lib, "hipEventDestroy", file),
             mem_get_info: sym!(lib, "hipMemGetInfo", file),
+            stream_wait_event: sym!(lib, "hipStreamWaitEvent", file),
+            pointer_get_attributes: sym!(lib, "hipPointerGetAttributes", file),
+            mem_get_address_range: sym!(lib, "hipMemGetAddressRange", file),
+            // SAFETY: same prototype as the field's doc comment.
+            stream_get_device: unsafe {
+                lib.get::<unsafe extern "C" fn(Stream, *mut c_int) -> HipError>(
+                    b"hipStreamGetDevice\0",
+                )
+            }
+            .map(|s| *s)
+            .ok(),
             get_error_name: sym!(lib, "hipGetErrorName", file),
             _lib: lib,
         })

@@ -1,13 +1,17 @@
 //! AMD backend: the HIP module API, with libamdhip64 opened at run time
-//! (no ROCm needed to build; see `hip/ffi.rs` for why the FFI is by hand).
+//! (no ROCm needed to build). Three layers, as cudarc's: [`ffi`] (the
+//! entry points, bound by hand: see there why), [`result`] (each call
+//! checked, its `hipError_t` kept) and this backend.
 mod ffi;
+pub mod result;
 
-use super::{Arg, Backend, EventHandle, Launch};
-use crate::device::{BackendKind, DeviceInfo};
+use super::{Arg, Backend, Launch, RawEvent, RawStream};
+use crate::info::{BackendKind, DeviceInfo};
+use crate::registry::Kernel;
 use crate::{Error, Result, objects};
-use ffi::{Api, HipError};
-use std::collections::HashMap;
-use std::ffi::{CString, c_int, c_void};
+use ffi::Api;
+use result::{self as hip, HipError};
+use std::ffi::{CString, c_int};
 use std::ptr;
 use std::time::Instant;
 
@@ -16,9 +20,11 @@ pub struct Hip {
     api: &'static Api,
     info: DeviceInfo,
     ordinal: c_int,
+    runtime_major: i32,
     module: ffi::Module,
     stream: ffi::Stream,
-    funcs: HashMap<&'static str, ffi::Function>,
+    /// Indexed by `Kernel as usize`.
+    funcs: Vec<ffi::Function>,
     /// 8-byte aligned copy of the code object handed to hipModuleLoadData,
     /// kept alive with the module (the runtime may read it lazily).
     _image: Vec<u64>,
@@ -31,15 +37,14 @@ unsafe impl Send for Hip {}
 // SAFETY: as above.
 unsafe impl Sync for Hip {}
 
-fn check(api: &Api, call: &'static str, rc: HipError) -> Result<()> {
-    if rc == ffi::HIP_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::Driver {
+impl From<HipError> for Error {
+    fn from(e: HipError) -> Error {
+        Error::Driver {
             backend: BackendKind::Hip,
-            call,
-            detail: api.error_name(rc),
-        })
+            call: e.call,
+            code: e.code,
+            detail: e.name,
+        }
     }
 }
 
@@ -50,10 +55,14 @@ fn unavailable(reason: impl Into<String>) -> Error {
     }
 }
 
+/// The process-wide HIP library, or why it did not load.
+pub fn api() -> Result<&'static Api> {
+    Api::shared().map_err(unavailable)
+}
+
 /// Opens HIP device `ordinal`, loading the code object built for its arch.
 pub fn open(ordinal: usize) -> Result<Hip> {
-    let api = Api::shared().map_err(unavailable)?;
-    open_on(api, ordinal)
+    open_on(api()?, ordinal)
 }
 
 /// What `hipGetDeviceProperties*` told us.
@@ -103,18 +112,13 @@ fn parse_props(buf: &[u8], l: &ffi::PropsLayout) -> Props {
 
 fn device_props(api: &Api, dev: c_int) -> Result<Props> {
     let l = api.props_layout;
-    // Zeroed, 8-byte aligned and far larger than either layout.
-    let mut buf = vec![0u64; ffi::PROPS_BUF_BYTES / 8];
-    // SAFETY: `buf` is writable for PROPS_BUF_BYTES >= sizeof of the layout
-    // this entry point fills (792 / 1472 bytes), aligned for its size_t and
-    // pointer members.
-    let rc = unsafe { (api.get_device_properties)(buf.as_mut_ptr().cast(), dev) };
-    check(api, l.symbol, rc)?;
+    let buf = hip::device_properties(api, dev)?;
     let props = parse_props(bytemuck::cast_slice(&buf), l);
     if !props.gcn_arch_name.starts_with("gfx") {
         return Err(Error::Driver {
             backend: BackendKind::Hip,
             call: l.symbol,
+            code: 0,
             detail: format!(
                 "gcnArchName at byte {} reads {:?}, not a gfx name ({} from {})",
                 l.gcn_arch_name, props.gcn_arch_name, l.symbol, api.lib_name
@@ -126,49 +130,31 @@ fn device_props(api: &Api, dev: c_int) -> Result<Props> {
 
 fn open_on(api: &'static Api, ordinal: usize) -> Result<Hip> {
     let t0 = Instant::now();
-    let no_device = |call: &str, rc: HipError| {
-        let what = if rc == ffi::HIP_ERROR_NO_DEVICE || rc == ffi::HIP_ERROR_INVALID_DEVICE {
+    let no_device = |e: HipError| {
+        let what = if e.code == ffi::HIP_ERROR_NO_DEVICE || e.code == ffi::HIP_ERROR_INVALID_DEVICE
+        {
             "no device: "
         } else {
             ""
         };
         unavailable(format!(
-            "{what}{call} returned {} ({})",
-            api.error_name(rc),
-            api.lib_name
+            "{what}{} returned {} ({})",
+            e.call, e.name, api.lib_name
         ))
     };
-    // SAFETY: no preconditions; flags must be 0.
-    let rc = unsafe { (api.init)(0) };
-    if rc != ffi::HIP_SUCCESS {
-        return Err(no_device("hipInit", rc));
-    }
-    let mut count: c_int = 0;
-    // SAFETY: out-pointer to a local.
-    let rc = unsafe { (api.get_device_count)(&mut count) };
-    if rc != ffi::HIP_SUCCESS {
-        return Err(no_device("hipGetDeviceCount", rc));
-    }
+    hip::init(api).map_err(no_device)?;
+    let count = hip::device_count(api).map_err(no_device)?;
     if ordinal >= count.max(0) as usize {
         return Err(unavailable(format!(
             "no device: device {ordinal} requested, {count} present"
         )));
     }
     let dev = ordinal as c_int;
-    // SAFETY: `dev` is below the device count.
-    check(api, "hipSetDevice", unsafe { (api.set_device)(dev) })?;
+    hip::set_device(api, dev)?;
     let props = device_props(api, dev)?;
-    let attr = |a: c_int| -> Result<i32> {
-        let mut v: c_int = 0;
-        // SAFETY: out-pointer to a local, valid device, attribute from the enum.
-        check(api, "hipDeviceGetAttribute", unsafe {
-            (api.device_get_attribute)(&mut v, a, dev)
-        })?;
-        Ok(v)
-    };
     // The attribute and the properties field should agree; trust whichever
     // gives a real wave size.
-    let wave = match attr(ffi::ATTR_WARP_SIZE) {
+    let wave = match hip::device_attribute(api, ffi::ATTR_WARP_SIZE, dev) {
         Ok(w @ (32 | 64)) => w,
         _ if matches!(props.warp_size, 32 | 64) => props.warp_size,
         Ok(w) => {
@@ -177,72 +163,59 @@ fn open_on(api: &'static Api, ordinal: usize) -> Result<Hip> {
                 props.warp_size
             )));
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     } as u32;
-    let l2 = attr(ffi::ATTR_L2_CACHE_SIZE).unwrap_or(props.l2_bytes);
+    let l2 = hip::device_attribute(api, ffi::ATTR_L2_CACHE_SIZE, dev).unwrap_or(props.l2_bytes);
+    let runtime = hip::runtime_version(api)?;
+    let driver = hip::driver_version(api)?;
     // Picks the ELF (or reports the missing arch) before any load.
     let (obj, elf) = objects::amd_for(&props.gcn_arch_name)?;
     let mut image = vec![0u64; elf.len().div_ceil(8)];
     bytemuck::cast_slice_mut::<u64, u8>(&mut image)[..elf.len()].copy_from_slice(elf);
-    let mut module: ffi::Module = ptr::null_mut();
-    // SAFETY: `image` holds a complete ELF code object and outlives the module.
-    let rc = unsafe { (api.module_load_data)(&mut module, image.as_ptr().cast()) };
-    check(api, "hipModuleLoadData", rc)?;
-    // From here on `hip` owns the module and the stream: Drop releases them
+    // SAFETY: `image` holds a complete ELF code object and outlives the
+    // module (it moves into `h`, which unloads the module first).
+    let module = unsafe { hip::module_load_data(api, image.as_ptr().cast()) }?;
+    // From here on `h` owns the module and the stream: Drop releases them
     // if a later step fails.
-    let mut hip = Hip {
+    let mut h = Hip {
         api,
         info: DeviceInfo {
             backend: BackendKind::Hip,
+            ordinal,
             name: props.name,
             arch: obj.to_string(),
             code_object: format!(
                 "{obj} ELF (code object v{})",
                 crate::code_objects::AMD_CODE_OBJECT_VERSION
             ),
-            driver: String::new(),
+            driver: format!(
+                "HIP runtime {}, driver {} ({})",
+                hip_version(runtime),
+                hip_version(driver),
+                api.lib_name
+            ),
             wave,
             l2_bytes: l2.max(0) as usize,
             total_mem: props.total_mem,
             load_ms: 0.0,
+            skipped: Vec::new(),
         },
         ordinal: dev,
+        runtime_major: runtime / 10_000_000,
         module,
         stream: ptr::null_mut(),
-        funcs: HashMap::new(),
+        funcs: Vec::new(),
         _image: image,
     };
-    for name in crate::ops::KERNELS {
-        let c = CString::new(*name).map_err(|_| unavailable("kernel name with NUL"))?;
-        let mut f: ffi::Function = ptr::null_mut();
-        // SAFETY: module is loaded; `c` is NUL-terminated.
-        check(api, "hipModuleGetFunction", unsafe {
-            (api.module_get_function)(&mut f, hip.module, c.as_ptr())
-        })?;
-        hip.funcs.insert(*name, f);
+    for k in Kernel::ALL {
+        let name = CString::new(k.name()).map_err(|_| unavailable("kernel name with NUL"))?;
+        // SAFETY: the module is loaded.
+        h.funcs
+            .push(unsafe { hip::module_get_function(api, h.module, &name) }?);
     }
-    let mut stream: ffi::Stream = ptr::null_mut();
-    // SAFETY: out-pointer to a local; this device is current.
-    let rc = unsafe { (api.stream_create_with_flags)(&mut stream, ffi::HIP_STREAM_NON_BLOCKING) };
-    check(api, "hipStreamCreateWithFlags", rc)?;
-    hip.stream = stream;
-    hip.info.load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let (mut runtime, mut driver): (c_int, c_int) = (0, 0);
-    // SAFETY: out-pointer to a local.
-    check(api, "hipRuntimeGetVersion", unsafe {
-        (api.runtime_get_version)(&mut runtime)
-    })?;
-    // SAFETY: out-pointer to a local.
-    check(api, "hipDriverGetVersion", unsafe {
-        (api.driver_get_version)(&mut driver)
-    })?;
-    hip.info.driver = format!(
-        "HIP runtime {}, driver {} ({})",
-        hip_version(runtime),
-        hip_version(driver),
-        api.lib_name
-    );
-    Ok(hip)
+    h.stream = hip::stream_create_non_blocking(api)?;
+    h.info.load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    Ok(h)
 }
 
 /// `HIP_VERSION` = major * 10^7 + minor * 10^5 + patch, as `major.minor.patch`.
@@ -252,17 +225,7 @@ fn hip_version(v: c_int) -> String {
 
 impl Hip {
     fn bind(&self) -> Result<()> {
-        // SAFETY: the ordinal was valid at open.
-        check(self.api, "hipSetDevice", unsafe {
-            (self.api.set_device)(self.ordinal)
-        })
-    }
-
-    fn sync_stream(&self) -> Result<()> {
-        // SAFETY: our stream.
-        check(self.api, "hipStreamSynchronize", unsafe {
-            (self.api.stream_synchronize)(self.stream)
-        })
+        Ok(hip::set_device(self.api, self.ordinal)?)
     }
 }
 
@@ -271,151 +234,139 @@ impl Backend for Hip {
         &self.info
     }
 
+    fn own_stream(&self) -> RawStream {
+        self.stream as RawStream
+    }
+
     fn alloc(&self, bytes: usize) -> Result<u64> {
         self.bind()?;
-        let mut p: *mut c_void = ptr::null_mut();
-        // SAFETY: plain device allocation (never managed memory).
-        check(self.api, "hipMalloc", unsafe {
-            (self.api.malloc)(&mut p, bytes.max(1))
-        })?;
-        Ok(p as u64)
+        Ok(hip::malloc(self.api, bytes.max(1))?)
     }
 
     unsafe fn free(&self, ptr: u64) {
         if self.bind().is_ok() {
-            // Queued work may still use the buffer: let it finish first.
-            let _ = self.sync_stream();
-            // SAFETY: ptr came from hipMalloc (caller contract).
-            let _ = unsafe { (self.api.free)(ptr as *mut c_void) };
+            // SAFETY: our stream; then caller contract (queued work that
+            // used the buffer was on it).
+            unsafe {
+                let _ = hip::stream_synchronize(self.api, self.stream);
+                let _ = hip::free(self.api, ptr);
+            }
         }
     }
 
     unsafe fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
         self.bind()?;
         // SAFETY: caller contract; `src` outlives the copy because we wait.
-        let rc = unsafe {
-            (self.api.memcpy_htod_async)(
-                dst as ffi::DevPtr,
-                src.as_ptr().cast_mut().cast(),
-                src.len(),
-                self.stream,
-            )
-        };
-        check(self.api, "hipMemcpyHtoDAsync", rc)?;
-        self.sync_stream()
+        unsafe {
+            hip::memcpy_htod_async(self.api, dst, src, self.stream)?;
+            Ok(hip::stream_synchronize(self.api, self.stream)?)
+        }
     }
 
     unsafe fn download(&self, dst: &mut [u8], src: u64) -> Result<()> {
         self.bind()?;
         // SAFETY: caller contract; we wait before returning.
-        let rc = unsafe {
-            (self.api.memcpy_dtoh_async)(
-                dst.as_mut_ptr().cast(),
-                src as ffi::DevPtr,
-                dst.len(),
-                self.stream,
-            )
-        };
-        check(self.api, "hipMemcpyDtoHAsync", rc)?;
-        self.sync_stream()
+        unsafe {
+            hip::memcpy_dtoh_async(self.api, dst, src, self.stream)?;
+            Ok(hip::stream_synchronize(self.api, self.stream)?)
+        }
     }
 
-    unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    unsafe fn copy(&self, dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<()> {
         self.bind()?;
         // SAFETY: caller contract.
-        let rc = unsafe {
-            (self.api.memcpy_dtod_async)(dst as ffi::DevPtr, src as ffi::DevPtr, bytes, self.stream)
-        };
-        check(self.api, "hipMemcpyDtoDAsync", rc)
+        Ok(unsafe { hip::memcpy_dtod_async(self.api, dst, src, bytes, stream as ffi::Stream) }?)
     }
 
-    unsafe fn launch(&self, kernel: &'static str, l: Launch, args: &[Arg]) -> Result<()> {
+    unsafe fn launch(&self, k: Kernel, l: Launch, args: &[Arg], stream: RawStream) -> Result<()> {
         self.bind()?;
         let f = *self
             .funcs
-            .get(kernel)
-            .ok_or_else(|| unavailable(format!("kernel {kernel} not loaded")))?;
+            .get(k as usize)
+            .ok_or_else(|| unavailable(format!("kernel {} not loaded", k.name())))?;
         let mut args = args.to_vec();
         let mut params = Arg::param_ptrs(&mut args);
         // SAFETY: caller contract; `params` points at `args`, both alive
-        // across the call, and the runtime copies the values at launch.
-        let rc = unsafe {
-            (self.api.module_launch_kernel)(
+        // across the call.
+        Ok(unsafe {
+            hip::launch_kernel(
+                self.api,
                 f,
-                l.grid.0,
-                l.grid.1,
-                1,
+                l.grid,
                 l.block,
-                1,
-                1,
                 l.shared_bytes,
-                self.stream,
-                params.as_mut_ptr(),
-                ptr::null_mut(),
+                stream as ffi::Stream,
+                &mut params,
             )
-        };
-        check(self.api, "hipModuleLaunchKernel", rc)
+        }?)
     }
 
-    fn synchronize(&self) -> Result<()> {
+    unsafe fn synchronize(&self, stream: RawStream) -> Result<()> {
         self.bind()?;
-        self.sync_stream()
+        // SAFETY: caller contract.
+        Ok(unsafe { hip::stream_synchronize(self.api, stream as ffi::Stream) }?)
     }
 
-    fn record(&self) -> Result<EventHandle> {
+    fn event_create(&self) -> Result<RawEvent> {
         self.bind()?;
-        let mut e: ffi::Event = ptr::null_mut();
-        // SAFETY: out-pointer to a local.
-        check(self.api, "hipEventCreate", unsafe {
-            (self.api.event_create)(&mut e)
-        })?;
-        // SAFETY: fresh event, our stream.
-        let rc = unsafe { (self.api.event_record)(e, self.stream) };
-        if let Err(err) = check(self.api, "hipEventRecord", rc) {
-            // SAFETY: created above, never handed out.
-            let _ = unsafe { (self.api.event_destroy)(e) };
-            return Err(err);
-        }
-        Ok(EventHandle::Gpu(e as usize))
+        Ok(hip::event_create(self.api)? as RawEvent)
     }
 
-    fn elapsed_ms(&self, start: &EventHandle, end: &EventHandle) -> Result<f32> {
+    unsafe fn event_record(&self, e: RawEvent, stream: RawStream) -> Result<()> {
         self.bind()?;
-        match (start, end) {
-            (EventHandle::Gpu(a), EventHandle::Gpu(b)) => {
-                let (a, b) = (*a as ffi::Event, *b as ffi::Event);
-                // SAFETY: event created by `record`.
-                check(self.api, "hipEventSynchronize", unsafe {
-                    (self.api.event_synchronize)(b)
-                })?;
-                let mut ms = 0f32;
-                // SAFETY: events created by `record`; out-pointer to a local.
-                check(self.api, "hipEventElapsedTime", unsafe {
-                    (self.api.event_elapsed_time)(&mut ms, a, b)
-                })?;
-                Ok(ms)
-            }
-            _ => Err(unavailable("events of another backend")),
+        // SAFETY: caller contract.
+        Ok(unsafe { hip::event_record(self.api, e as ffi::Event, stream as ffi::Stream) }?)
+    }
+
+    unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
+        self.bind()?;
+        // SAFETY: caller contract.
+        Ok(unsafe { hip::event_synchronize(self.api, e as ffi::Event) }?)
+    }
+
+    unsafe fn event_elapsed(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        self.bind()?;
+        // SAFETY: caller contract.
+        Ok(unsafe { hip::event_elapsed(self.api, start as ffi::Event, end as ffi::Event) }?)
+    }
+
+    unsafe fn event_destroy(&self, e: RawEvent) {
+        if self.bind().is_ok() {
+            // SAFETY: caller contract.
+            let _ = unsafe { hip::event_destroy(self.api, e as ffi::Event) };
         }
     }
 
-    fn destroy_event(&self, e: &EventHandle) {
-        if let EventHandle::Gpu(h) = e
-            && self.bind().is_ok()
-        {
-            // SAFETY: created by `record`, destroyed once (Event's Drop).
-            let _ = unsafe { (self.api.event_destroy)(*h as ffi::Event) };
+    unsafe fn stream_wait_event(&self, stream: RawStream, e: RawEvent) -> Result<()> {
+        self.bind()?;
+        // SAFETY: caller contract.
+        Ok(unsafe { hip::stream_wait_event(self.api, stream as ffi::Stream, e as ffi::Event) }?)
+    }
+
+    unsafe fn check_stream(&self, stream: RawStream) -> Result<()> {
+        self.bind()?;
+        // SAFETY: caller contract.
+        match unsafe { hip::stream_device(self.api, stream as ffi::Stream) } {
+            // Without hipStreamGetDevice (ROCm < 5.6) the stream cannot be
+            // checked; HIP has one context per device, so a stream of this
+            // device is the only kind the caller's contract allows.
+            None => Ok(()),
+            Some(Ok(d)) if d == self.ordinal => Ok(()),
+            Some(Ok(d)) => Err(Error::ForeignStream {
+                why: format!("the stream belongs to device {d}, not {}", self.ordinal),
+            }),
+            Some(Err(e)) => Err(Error::ForeignStream { why: e.to_string() }),
         }
+    }
+
+    fn check_span(&self, addr: u64, bytes: usize) -> std::result::Result<(), String> {
+        self.bind().map_err(|e| e.to_string())?;
+        hip::check_span(self.api, self.runtime_major, self.info.ordinal, addr, bytes)
     }
 
     fn mem_info(&self) -> Result<(usize, usize)> {
         self.bind()?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: out-pointers to locals.
-        check(self.api, "hipMemGetInfo", unsafe {
-            (self.api.mem_get_info)(&mut free, &mut total)
-        })?;
-        Ok((free, total))
+        Ok(hip::mem_get_info(self.api)?)
     }
 }
 
@@ -426,10 +377,10 @@ impl Drop for Hip {
             // (open failed before creating it) is skipped.
             unsafe {
                 if !self.stream.is_null() {
-                    let _ = (self.api.stream_synchronize)(self.stream);
-                    let _ = (self.api.stream_destroy)(self.stream);
+                    let _ = hip::stream_synchronize(self.api, self.stream);
+                    let _ = hip::stream_destroy(self.api, self.stream);
                 }
-                let _ = (self.api.module_unload)(self.module);
+                let _ = hip::module_unload(self.api, self.module);
             }
         }
     }
@@ -478,14 +429,15 @@ mod tests {
             assert!(msg.contains("Hip"), "{msg}");
             assert!(!msg.trim().is_empty());
         }
-        let e = Error::Driver {
-            backend: BackendKind::Hip,
+        let e = Error::from(HipError {
             call: "hipMalloc",
-            detail: "hipErrorOutOfMemory (2)".into(),
-        };
+            code: 2,
+            name: "hipErrorOutOfMemory (2)".into(),
+        });
+        assert!(matches!(e, Error::Driver { code: 2, .. }));
         assert_eq!(
             e.to_string(),
-            "Hip call hipMalloc failed: hipErrorOutOfMemory (2)"
+            "Hip call hipMalloc failed: hipErrorOutOfMemory (2) (code 2)"
         );
     }
 
