@@ -511,4 +511,50 @@ mod tests {
             Err(e) => assert!(e.contains("libamdhip64 not found"), "{e}"),
         }
     }
+
+    /// The foreign-span check answers with a reason, not a crash, against
+    /// whatever libamdhip64 this machine has (CI: Debian's ROCm 5.2 with no
+    /// device, where the runtime reports the address as unknown).
+    #[test]
+    fn foreign_span_check_without_device() {
+        let Ok(api) = Api::shared() else {
+            assert!(
+                std::env::var_os("WAVEFUSE_REQUIRE_HIP_LIB").is_none(),
+                "WAVEFUSE_REQUIRE_HIP_LIB is set but libamdhip64 did not load"
+            );
+            return;
+        };
+        let host = [0u8; 64];
+        for (addr, bytes) in [(host.as_ptr() as u64, 64), (0x1000, 16), (u64::MAX - 8, 4)] {
+            let why = result::check_span(api, 5, 0, addr, bytes)
+                .expect_err("no address is a device allocation without a device");
+            eprintln!("check_span({addr:#x}, {bytes}): {why}");
+            assert!(
+                why.contains("not a HIP allocation") && why.contains("hipPointerGetAttributes"),
+                "{why}"
+            );
+        }
+    }
+
+    /// The memory-type values of both ROCm generations.
+    #[test]
+    fn memory_type_values_by_rocm_major() {
+        let a = |memory_type, is_managed| ffi::PointerAttributes {
+            memory_type,
+            is_managed,
+            ..Default::default()
+        };
+        // ROCm 5: Host 0, Device 1, Array 2.
+        assert!(!ffi::memory_is_device(&a(0, 0), 5));
+        assert!(ffi::memory_is_device(&a(1, 0), 5));
+        assert!(!ffi::memory_is_device(&a(2, 0), 5));
+        // ROCm 6+: Unregistered 0, Host 1, Device 2, Managed 3.
+        assert!(!ffi::memory_is_device(&a(0, 0), 6));
+        assert!(!ffi::memory_is_device(&a(1, 0), 7));
+        assert!(ffi::memory_is_device(&a(2, 0), 6));
+        assert!(ffi::memory_is_device(&a(3, 1), 6));
+        // Managed memory is device-addressable whatever its type says.
+        assert!(ffi::memory_is_device(&a(0, 1), 5));
+        assert_eq!(std::mem::size_of::<ffi::PointerAttributes>(), 32);
+    }
 }
