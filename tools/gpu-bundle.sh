@@ -24,6 +24,9 @@ for line in sys.stdin:
         prefix = "bench-" if kind == ["bench"] else "test-"
         shutil.copy(m["executable"], "bundle/bin/" + prefix + name)
 '
+# Runnable examples (engine use: foreign memory and streams).
+cargo build --release -p wavefuse --examples
+for e in host/examples/*.rs; do n=$(basename "$e" .rs); cp "target/release/examples/$n" "bundle/bin/example-$n"; done
 strip bundle/bin/* 2>/dev/null || true
 # The PTX the release build embedded, for the profile phase (ptxas -v, SASS).
 mkdir -p bundle/ptx
@@ -58,11 +61,17 @@ for t in "$here"/bin/test-*; do
   pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0}))
 done
 echo "suite: $pass passed, $fail failed" | tee -a "$out/suite.txt"
+for e in "$here"/bin/example-*; do
+  n=$(basename "$e")
+  if "$e" > "$out/$n.log" 2>&1; then s=ok; else s=FAILED; fi
+  echo "$n: $s  $(tail -1 "$out/$n.log")" | tee -a "$out/suite.txt"
+done
 fi
 if has sanitize && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     for t in "$here"/bin/test-*; do
       n=$(basename "$t"); case "$n" in test-amd_static|test-emu|test-gather_guard|test-golden_mode|test-wavefuse-suite|test-*-lib|test-hip*) continue;; esac  # no GPU work in these (golden_mode drives the harness on the CPU backend)
+      [ -n "${WAVEFUSE_SANITIZE_ONLY:-}" ] && [[ ",$WAVEFUSE_SANITIZE_ONLY," != *",${n#test-},"* ]] && continue
       WAVEFUSE_TEST_GPU_ONLY=1 compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=4 > "$out/san-$tool-$n.log" 2>&1
       echo "$tool $n: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/san-$tool-$n.log" | tr '\n' ' ')" | tee -a "$out/sanitizer.txt"
     done
