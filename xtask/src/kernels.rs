@@ -86,25 +86,39 @@ fn write(p: &Path, b: &[u8]) -> Result<()> {
 
 /// Builds one object into `target_dir` and returns its bytes.
 fn build(root: &Path, target_dir: &Path, o: &Object) -> Result<Vec<u8>> {
+    let out = nested(
+        root,
+        target_dir,
+        o.triple(),
+        &o.rustflags(),
+        &o.kernel_flags(),
+    )?;
+    let p = match o.kind {
+        Kind::AmdElf => out.join("wavefuse_device.elf"),
+        Kind::Ptx => out.join("deps/wavefuse_device.s"),
+    };
+    fs::read(&p).map_err(|e| fail(format!("read {}: {e}", p.display())))
+}
+
+/// Runs the pinned cargo on the device crate as the recipe says, with
+/// `rustflags` for every crate and `kernel_flags` for the kernel crate
+/// only; returns the profile's output folder.
+pub fn nested(
+    root: &Path,
+    target_dir: &Path,
+    triple: &str,
+    rustflags: &[String],
+    kernel_flags: &[String],
+) -> Result<PathBuf> {
     let mut cmd = toolchain::cargo()?;
     cmd.current_dir(root)
         .args(recipe::cargo_args())
-        .args(["--target", o.triple()])
+        .args(["--target", triple])
         .arg("--target-dir")
         .arg(target_dir)
         .arg("--")
-        .args(o.kernel_flags())
-        .env("CARGO_ENCODED_RUSTFLAGS", o.rustflags().join("\x1f"));
+        .args(kernel_flags)
+        .env("CARGO_ENCODED_RUSTFLAGS", rustflags.join("\x1f"));
     toolchain::run(&mut cmd)?;
-    let out = target_dir.join(o.triple()).join("gpu");
-    match o.kind {
-        Kind::AmdElf => {
-            let p = out.join("wavefuse_device.elf");
-            fs::read(&p).map_err(|e| fail(format!("read {}: {e}", p.display())))
-        }
-        Kind::Ptx => {
-            let p = out.join("deps/wavefuse_device.s");
-            fs::read(&p).map_err(|e| fail(format!("read {}: {e}", p.display())))
-        }
-    }
+    Ok(target_dir.join(triple).join("gpu"))
 }

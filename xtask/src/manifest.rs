@@ -168,6 +168,7 @@ pub fn render(tc: &Toolchain, sources: &[(String, String)], built: &[Built]) -> 
 }
 
 /// The toolchain lines of a manifest.
+#[cfg(test)]
 pub fn toolchain_of(manifest: &str) -> Option<Toolchain> {
     let field = |k: &str| {
         manifest
@@ -182,6 +183,7 @@ pub fn toolchain_of(manifest: &str) -> Option<Toolchain> {
 }
 
 /// The objects as they are on disk now.
+#[cfg(test)]
 pub fn built_on_disk(root: &Path) -> io::Result<Vec<Built>> {
     recipe::OBJECTS
         .iter()
