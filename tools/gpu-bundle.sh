@@ -28,9 +28,10 @@ for line in sys.stdin:
 cargo build --release -p wavefuse --examples
 for e in host/examples/*.rs; do n=$(basename "$e" .rs); cp "target/release/examples/$n" "bundle/bin/example-$n"; done
 strip bundle/bin/* 2>/dev/null || true
-# The PTX the release build embedded, for the profile phase (ptxas -v, SASS).
+# The PTX the build embedded (the committed object), for the profile phase
+# (ptxas -v, SASS) and peers.py --wavefuse-ptx.
 mkdir -p bundle/ptx
-tr -d '\000' < "$(ls -t target/release/build/wavefuse-*/out/wavefuse_sm_90.ptx | head -1)" > bundle/ptx/wavefuse_sm_90.ptx
+cp host/kernels/sm_90.ptx bundle/ptx/wavefuse_sm_90.ptx
 cp tools/gpu-profile.sh bundle/profile.sh
 cp benches/*.py bundle/ 2>/dev/null || true
 cat > bundle/run.sh <<'RUN'
