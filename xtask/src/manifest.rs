@@ -27,7 +27,7 @@ const SOURCE_CRATES: &[&str] = &["shared", "device"];
 /// The toolchain as `rustc -vV` reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Toolchain {
-    /// `rustc 1.97.0-nightly (e50aa6fba 2026-05-19)`.
+    /// `1.97.0-nightly (e50aa6fba 2026-05-19)`.
     pub rustc: String,
     /// The full commit hash.
     pub commit: String,
@@ -43,7 +43,12 @@ impl Toolchain {
                 .find_map(|l| l.strip_prefix(k).map(|s| s.trim().to_string()))
         };
         Some(Toolchain {
-            rustc: v.lines().next()?.trim().to_string(),
+            rustc: v
+                .lines()
+                .next()?
+                .trim()
+                .trim_start_matches("rustc ")
+                .to_string(),
             commit: field("commit-hash:")?,
             llvm: field("LLVM version:")?,
         })
