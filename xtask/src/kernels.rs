@@ -27,6 +27,14 @@ pub fn run(root: &Path, opts: &Opts) -> Result<()> {
         .clone()
         .unwrap_or_else(|| crate::target_dir(root).join("kernels"));
     if opts.clean && base.exists() {
+        // Never remove a folder outside the workspace's target folder.
+        if !base.starts_with(crate::target_dir(root)) {
+            return Err(fail(format!(
+                "--clean removes only folders under {}, not {}",
+                crate::target_dir(root).display(),
+                base.display()
+            )));
+        }
         fs::remove_dir_all(&base).map_err(|e| fail(format!("rm {}: {e}", base.display())))?;
     }
     let mut built = Vec::new();
