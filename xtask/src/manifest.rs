@@ -4,11 +4,12 @@
 //! The sources are exactly the files that feed the GPU builds: for each of
 //! `shared/` and `device/`, its `Cargo.toml`, its `build.rs` if it has one
 //! and every file under its `src/` (dot-files skipped), sorted by path.
-//! Nothing else does: the workspace's root manifest and `Cargo.lock` are
-//! not read by the GPU builds (the profile is passed on the command line;
+//! The workspace's root manifest and `Cargo.lock` are not hashed: nothing
+//! in them reaches the objects (the profile is passed on the command line,
 //! the device crate's only dependency on a GPU target is `shared`, and
-//! `-Zbuild-std` compiles `core` from the toolchain's `rust-src`, which
-//! the toolchain lines pin).
+//! `-Zbuild-std` compiles `core` from the toolchain's `rust-src`, which the
+//! toolchain lines pin). Host-only files under `device/src` (the emulator)
+//! are hashed all the same: the set is defined by folders, not by cfgs.
 use crate::recipe::{self, Object};
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;
