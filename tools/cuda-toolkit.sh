@@ -10,7 +10,7 @@
 #
 # Exports: PATH (nvcc first), CUDA_COMPUTE_CAP=90 (candle-kernels' target),
 # CUDARC_CUDA_VERSION=13000 (stands in for `nvcc --version` in cudarc's
-# cuda-version-from-build-system), NVCC_CCBIN-free, and
+# cuda-version-from-build-system), CUDA_ROOT (candle-kernels finds the headers), and
 # WAVEFUSE_CUDA_STUBS (candle/build.rs adds it as a native link-search path;
 # RUSTFLAGS would rebuild every crate, candle-kernels' nvcc step included).
 # Logs go to stderr, the export lines to stdout.

@@ -49,7 +49,9 @@ fn parse() -> Res<Args> {
             "--device" => a.device = v()?,
             "--out" => a.out = Some(v()?),
             "--reps" => a.reps = v()?.parse()?,
-            _ => return Err(format!("unknown argument {k} (see the example's doc comment)").into()),
+            _ => {
+                return Err(format!("unknown argument {k} (see the example's doc comment)").into());
+            }
         }
     }
     if a.weights.is_none() && a.random.is_none() {
@@ -200,8 +202,15 @@ fn main() -> Res<()> {
         };
         let y0 = stage.forward_block(ops.as_ref(), 0, &x)?;
         let (max, rms) = max_rms(&y, &ref32)?;
-        let finite = y.to_dtype(DType::F32)?.sqr()?.sum_all()?.to_scalar::<f32>()?.is_finite();
-        println!("{build}: f16 stage vs the same stage in f32: max {max:.3e} rms {rms:.3e}, finite: {finite}");
+        let finite = y
+            .to_dtype(DType::F32)?
+            .sqr()?
+            .sum_all()?
+            .to_scalar::<f32>()?
+            .is_finite();
+        println!(
+            "{build}: f16 stage vs the same stage in f32: max {max:.3e} rms {rms:.3e}, finite: {finite}"
+        );
         failed |= !finite;
         if let Some(dir) = &a.out {
             std::fs::create_dir_all(dir)?;
@@ -214,19 +223,19 @@ fn main() -> Res<()> {
         if a.reps == 0 {
             continue;
         }
-        let parts: [(&str, Box<dyn Fn() -> candle_core::Result<Tensor>>); 3] = [
-            ("stage", Box::new(|| stage.forward(ops.as_ref(), &x))),
-            ("block0", Box::new(|| stage.forward_block(ops.as_ref(), 0, &x))),
-            ("block1", Box::new(|| stage.forward_block(ops.as_ref(), 1, &x))),
-        ];
-        for (part, f) in &parts {
-            let mut f = || f();
+        for (part, block) in [("stage", None), ("block0", Some(0)), ("block1", Some(1))] {
+            let mut f = || match block {
+                None => stage.forward(ops.as_ref(), &x),
+                Some(i) => stage.forward_block(ops.as_ref(), i, &x),
+            };
             for _ in 0..3 {
                 clock.time(&mut f)?;
             }
             #[cfg(feature = "cuda")]
             pool::reset_high();
-            let times = (0..a.reps).map(|_| clock.time(&mut f)).collect::<Res<Vec<f64>>>()?;
+            let times = (0..a.reps)
+                .map(|_| clock.time(&mut f))
+                .collect::<Res<Vec<f64>>>()?;
             #[allow(unused_mut)]
             let mut mem = String::new();
             #[cfg(feature = "cuda")]

@@ -22,7 +22,11 @@ fn layer_norm(x: &[f64], g: &[f64], b: &[f64]) -> Vec<f64> {
     let mean = x.iter().sum::<f64>() / n;
     let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
     let r = 1.0 / (var + 1e-5).sqrt();
-    x.iter().zip(g).zip(b).map(|((v, g), b)| (v - mean) * r * g + b).collect()
+    x.iter()
+        .zip(g)
+        .zip(b)
+        .map(|((v, g), b)| (v - mean) * r * g + b)
+        .collect()
 }
 
 /// `W x + b` with `W` `[out, in]`.
@@ -30,7 +34,13 @@ fn linear(x: &[f64], w: &[f64], b: &[f64]) -> Vec<f64> {
     let i = x.len();
     b.iter()
         .enumerate()
-        .map(|(o, bo)| bo + w[o * i..(o + 1) * i].iter().zip(x).map(|(a, c)| a * c).sum::<f64>())
+        .map(|(o, bo)| {
+            bo + w[o * i..(o + 1) * i]
+                .iter()
+                .zip(x)
+                .map(|(a, c)| a * c)
+                .sum::<f64>()
+        })
         .collect()
 }
 
@@ -64,7 +74,12 @@ fn block(cfg: &StageConfig, t: &HashMap<String, Tensor>, i: usize, s: [usize; 3]
     let nw: Vec<usize> = (0..3).map(|a| p[a] / w[a]).collect();
     let tw = w[0] * w[1] * w[2];
     let wt = |n: &str| w64(t, &format!("b{i}.{n}"));
-    let (g1, b1, qw, qb) = (wt("norm1.weight"), wt("norm1.bias"), wt("qkv.weight"), wt("qkv.bias"));
+    let (g1, b1, qw, qb) = (
+        wt("norm1.weight"),
+        wt("norm1.bias"),
+        wt("qkv.weight"),
+        wt("qkv.bias"),
+    );
     let (pw, pb) = (wt("proj.weight"), wt("proj.bias"));
     let (g2, b2, f1w, f1b, f2w, f2b) = (
         wt("norm2.weight"),
@@ -78,7 +93,9 @@ fn block(cfg: &StageConfig, t: &HashMap<String, Tensor>, i: usize, s: [usize; 3]
     let types = nw[0] * nw[1];
     let scale = (hd as f64).powf(-0.5);
     let n = x.len() / c;
-    let ln1: Vec<Vec<f64>> = (0..n).map(|k| layer_norm(&x[k * c..(k + 1) * c], &g1, &b1)).collect();
+    let ln1: Vec<Vec<f64>> = (0..n)
+        .map(|k| layer_norm(&x[k * c..(k + 1) * c], &g1, &b1))
+        .collect();
     let mut branch = vec![0.0; x.len()];
     for wz in 0..nw[0] {
         for wh in 0..nw[1] {
@@ -95,7 +112,8 @@ fn block(cfg: &StageConfig, t: &HashMap<String, Tensor>, i: usize, s: [usize; 3]
                             let q: Vec<usize> = (0..3).map(|k| (r[k] + s[k]) % p[k]).collect();
                             let src = (q[0] < g[0] && q[1] < g[1] && q[2] < g[2])
                                 .then(|| (q[0] * g[1] + q[1]) * g[2] + q[2]);
-                            let reg: Vec<usize> = (0..3).map(|k| region(r[k], p[k], w[k], s[k])).collect();
+                            let reg: Vec<usize> =
+                                (0..3).map(|k| region(r[k], p[k], w[k], s[k])).collect();
                             toks.push(((a, b, cc), src, reg));
                         }
                     }
@@ -124,15 +142,20 @@ fn block(cfg: &StageConfig, t: &HashMap<String, Tensor>, i: usize, s: [usize; 3]
                                 + (hi + hj * w[1]) * (2 * w[2] - 1)
                                 + (wi + w[2] - 1 - wj);
                             let bias = table[(pos * types + ty) * heads + hh];
-                            let mask = if toks[qi].2 == toks[kj].2 { 0.0 } else { -100.0 };
+                            let mask = if toks[qi].2 == toks[kj].2 {
+                                0.0
+                            } else {
+                                -100.0
+                            };
                             sc[kj] = dot + bias + mask;
                         }
                         let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                         let e: Vec<f64> = sc.iter().map(|v| (v - m).exp()).collect();
                         let sum: f64 = e.iter().sum();
                         for d in 0..hd {
-                            o[qi][hh * hd + d] =
-                                (0..tw).map(|kj| e[kj] / sum * qkv[kj][2 * c + hh * hd + d]).sum();
+                            o[qi][hh * hd + d] = (0..tw)
+                                .map(|kj| e[kj] / sum * qkv[kj][2 * c + hh * hd + d])
+                                .sum();
                         }
                     }
                 }

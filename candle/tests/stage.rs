@@ -5,13 +5,20 @@
 mod oracle;
 
 use candle_core::{DType, Device, Tensor};
-use wavefuse_candle::pangu::{self, CandleOps, Stage, StageConfig, StageOps, WavefuseOps, Windowing};
+use wavefuse_candle::pangu::{
+    self, CandleOps, Stage, StageConfig, StageOps, WavefuseOps, Windowing,
+};
 use wavefuse_shared::window::Shift3;
 
 const CFG: StageConfig = StageConfig::TINY;
 
 fn to64(x: &Tensor) -> Vec<f64> {
-    x.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+    x.to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
 }
 
 /// Runs `blocks` blocks of the candle build and the oracle on fresh
@@ -55,7 +62,10 @@ fn stage_matches_f64_oracle() {
     for seed in [1u64, 7] {
         let ((max, rms), out_rms) = check(seed, 2.0, 2, DType::F16);
         eprintln!("seed {seed}: max {max:.4} rms {rms:.5} (output rms {out_rms:.3})");
-        assert!(max < MAX_TOL && rms < RMS_TOL, "seed {seed}: max {max} rms {rms}");
+        assert!(
+            max < MAX_TOL && rms < RMS_TOL,
+            "seed {seed}: max {max} rms {rms}"
+        );
     }
 }
 
@@ -76,9 +86,14 @@ fn partition_agrees_with_planner_tables() {
         let win = Windowing::new(CFG.grid, CFG.window, shift, &dev, DType::F32).unwrap();
         let n = CFG.tokens();
         // Token k carries k + 1 in both channels (f32: exact).
-        let ids: Vec<f32> = (0..n).flat_map(|k| [(k + 1) as f32, -((k + 1) as f32)]).collect();
+        let ids: Vec<f32> = (0..n)
+            .flat_map(|k| [(k + 1) as f32, -((k + 1) as f32)])
+            .collect();
         let x = Tensor::from_vec(ids, (n, 2), &dev).unwrap();
-        let y = pangu::partition(&x, &win).unwrap().to_vec2::<f32>().unwrap();
+        let y = pangu::partition(&x, &win)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
         let table = win.plan().partition_table();
         assert_eq!(y.len(), table.len());
         for (row, &src) in y.iter().zip(&table) {
@@ -101,11 +116,18 @@ fn missing_or_misshaped_weights_are_errors() {
     let dev = Device::Cpu;
     let mut t = pangu::weights::random_weights(&CFG, 5, 1.0).unwrap();
     t.remove("b1.fc2.bias");
-    let e = Stage::load(CFG, &t, &dev, DType::F16).unwrap_err().to_string();
+    let e = Stage::load(CFG, &t, &dev, DType::F16)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("b1.fc2.bias") && e.contains("missing"), "{e}");
     let mut t = pangu::weights::random_weights(&CFG, 5, 1.0).unwrap();
-    t.insert("b0.qkv.weight".into(), Tensor::zeros((3, 3), DType::F16, &dev).unwrap());
-    let e = Stage::load(CFG, &t, &dev, DType::F16).unwrap_err().to_string();
+    t.insert(
+        "b0.qkv.weight".into(),
+        Tensor::zeros((3, 3), DType::F16, &dev).unwrap(),
+    );
+    let e = Stage::load(CFG, &t, &dev, DType::F16)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("b0.qkv.weight"), "{e}");
 }
 

@@ -64,7 +64,12 @@ impl Block {
     /// previous block's MLP output not yet added to it. Returns the
     /// residual after the attention half and this block's MLP output (the
     /// caller adds it, or the next block's entry does).
-    pub fn forward(&self, ops: &dyn StageOps, x: &Tensor, pending: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+    pub fn forward(
+        &self,
+        ops: &dyn StageOps,
+        x: &Tensor,
+        pending: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor)> {
         let (x, h) = match pending {
             None => (x.clone(), ops.norm_partition(x, &self.w.norm1, &self.win)?),
             Some(d) => ops.add_norm_partition(x, d, &self.w.norm1, &self.win)?,
@@ -88,7 +93,12 @@ impl Stage {
     /// Builds the stage from weights in the file layout
     /// ([`crate::pangu::weights`]), on `device`, computing in `dtype`
     /// (f16: the stage; f32/f64: for checks).
-    pub fn load(cfg: StageConfig, t: &HashMap<String, Tensor>, device: &Device, dtype: DType) -> Result<Stage> {
+    pub fn load(
+        cfg: StageConfig,
+        t: &HashMap<String, Tensor>,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Stage> {
         if cfg.dim != cfg.heads * HEAD_DIM {
             candle_core::bail!("dim {} is not {} heads of {HEAD_DIM}", cfg.dim, cfg.heads);
         }
@@ -123,7 +133,11 @@ impl Stage {
             .get("x")
             .ok_or_else(|| candle_core::Error::Msg("weights: `x` missing".into()))?;
         if x.dims() != [g.z, g.h, g.w, self.cfg.dim] {
-            candle_core::bail!("weights: `x` is {:?}, expected {:?}", x.dims(), [g.z, g.h, g.w, self.cfg.dim]);
+            candle_core::bail!(
+                "weights: `x` is {:?}, expected {:?}",
+                x.dims(),
+                [g.z, g.h, g.w, self.cfg.dim]
+            );
         }
         x.to_dtype(self.dtype)?
             .reshape((self.cfg.tokens(), self.cfg.dim))?

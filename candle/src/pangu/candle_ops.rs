@@ -80,7 +80,13 @@ impl StageOps for CandleOps {
         partition(&h, win)
     }
 
-    fn add_norm_partition(&self, x: &Tensor, d: &Tensor, norm: &Affine, win: &Windowing) -> Result<(Tensor, Tensor)> {
+    fn add_norm_partition(
+        &self,
+        x: &Tensor,
+        d: &Tensor,
+        norm: &Affine,
+        win: &Windowing,
+    ) -> Result<(Tensor, Tensor)> {
         let x = (x + d)?;
         let h = self.norm_partition(&x, norm, win)?;
         Ok((x, h))
@@ -108,7 +114,12 @@ impl StageOps for CandleOps {
         Ok((q, k, v))
     }
 
-    fn attn_softmax(&self, scores: &Tensor, earth_bias: &Tensor, win: &Windowing) -> Result<Tensor> {
+    fn attn_softmax(
+        &self,
+        scores: &Tensor,
+        earth_bias: &Tensor,
+        win: &Windowing,
+    ) -> Result<Tensor> {
         let (windows, heads, t, _) = scores.dims4()?;
         let types = win.n_types();
         // Windows are (z, h, w)-major and the type is (z, h): group the
@@ -124,7 +135,12 @@ impl StageOps for CandleOps {
         candle_nn::ops::softmax_last_dim(&s)
     }
 
-    fn unpartition_add_norm(&self, x: &Tensor, branch: &Tensor, win: &Windowing) -> Result<(Tensor, Tensor)> {
+    fn unpartition_add_norm(
+        &self,
+        x: &Tensor,
+        branch: &Tensor,
+        win: &Windowing,
+    ) -> Result<(Tensor, Tensor)> {
         let x = (x + unpartition(branch, win)?)?;
         let h = self.layer_norm(&x)?;
         Ok((x, h))

@@ -32,7 +32,11 @@ pub struct StageConfig {
 impl StageConfig {
     /// Pangu's first scale: 8 x 181 x 360 tokens of 192 channels, 6 heads.
     pub const SCALE1: StageConfig = StageConfig {
-        grid: Grid3 { z: 8, h: 181, w: 360 },
+        grid: Grid3 {
+            z: 8,
+            h: 181,
+            w: 360,
+        },
         dim: 192,
         heads: 6,
         window: WINDOW,
@@ -41,7 +45,11 @@ impl StageConfig {
 
     /// Pangu's second scale: 8 x 91 x 180 tokens of 384 channels, 12 heads.
     pub const SCALE2: StageConfig = StageConfig {
-        grid: Grid3 { z: 8, h: 91, w: 180 },
+        grid: Grid3 {
+            z: 8,
+            h: 91,
+            w: 180,
+        },
         dim: 384,
         heads: 12,
         window: WINDOW,
@@ -80,7 +88,7 @@ impl StageConfig {
 
     /// The shift of block `b` (0: none, 1: [`StageConfig::shift`]).
     pub fn block_shift(&self, b: usize) -> Shift3 {
-        if b % 2 == 0 {
+        if b.is_multiple_of(2) {
             Shift3 { z: 0, h: 0, w: 0 }
         } else {
             self.shift

@@ -34,7 +34,13 @@ pub trait StageOps {
 
     /// A block's entry after a block whose MLP output `d` is not yet in the
     /// residual: returns `(x + d, windows(LayerNorm(x + d) * gamma + beta))`.
-    fn add_norm_partition(&self, x: &Tensor, d: &Tensor, norm: &Affine, win: &Windowing) -> Result<(Tensor, Tensor)>;
+    fn add_norm_partition(
+        &self,
+        x: &Tensor,
+        d: &Tensor,
+        norm: &Affine,
+        win: &Windowing,
+    ) -> Result<(Tensor, Tensor)>;
 
     /// The QKV Linear's output without its bias, `[windows * T, 3C]`
     /// (per token `[q | k | v]`, heads major) -> `(q * scale, k, v)` after
@@ -51,13 +57,19 @@ pub trait StageOps {
     /// `softmax(scores + earth_bias[type(w)] + mask[w])` over the last
     /// axis; `earth_bias` is `[types, heads, T, T]`, the mask the block's
     /// (none when unshifted).
-    fn attn_softmax(&self, scores: &Tensor, earth_bias: &Tensor, win: &Windowing) -> Result<Tensor>;
+    fn attn_softmax(&self, scores: &Tensor, earth_bias: &Tensor, win: &Windowing)
+    -> Result<Tensor>;
 
     /// The attention branch `[windows * T, C]` back to grid order (reverse
     /// partition, roll back, crop), added to the residual: returns
     /// `(x + branch, LayerNorm(x + branch))` (no affine: norm2's is folded
     /// into the MLP's first Linear, exact here since no padding follows).
-    fn unpartition_add_norm(&self, x: &Tensor, branch: &Tensor, win: &Windowing) -> Result<(Tensor, Tensor)>;
+    fn unpartition_add_norm(
+        &self,
+        x: &Tensor,
+        branch: &Tensor,
+        win: &Windowing,
+    ) -> Result<(Tensor, Tensor)>;
 
     /// `gelu(h + bias)` (exact, erf) over the MLP's first Linear output
     /// without its bias.

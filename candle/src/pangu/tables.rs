@@ -17,14 +17,20 @@ impl Windowing {
     /// Plans `grid` in `window`s after a cyclic shift by `shift` and, for a
     /// shifted block, builds its mask on `device` in `dtype` (the stage's
     /// activation type; 0 and -100 are exact in f16).
-    pub fn new(grid: Grid3, window: Window3, shift: Shift3, device: &Device, dtype: DType) -> Result<Windowing> {
+    pub fn new(
+        grid: Grid3,
+        window: Window3,
+        shift: Shift3,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Windowing> {
         let plan = WindowPlan::new(grid, window, shift)
             .map_err(|e| candle_core::Error::Msg(format!("window plan: {e:?}")))?;
         let (slots, mask) = if plan.is_shifted() {
             let s = plan.mask_slots();
             let t = plan.tokens_per_window();
-            let masks = Tensor::from_slice(&s.slot_masks, (s.n_slots, t, t), device)?
-                .to_dtype(dtype)?;
+            let masks =
+                Tensor::from_slice(&s.slot_masks, (s.n_slots, t, t), device)?.to_dtype(dtype)?;
             let idx: Vec<u32> = s.window_to_slot.iter().map(|&v| v as u32).collect();
             let idx = Tensor::from_vec(idx, s.window_to_slot.len(), device)?;
             // Swin's [windows, 1, T, T] mask, broadcast over heads.
@@ -142,7 +148,13 @@ mod tests {
         assert!(seen.iter().all(|&s| s));
         // Same longitude offset, same absolute level/latitude pair: same row.
         let t = |z: usize, h: usize, w: usize| (z * 6 + h) * 12 + w;
-        assert_eq!(idx[t(1, 2, 3) * 144 + t(0, 4, 1)], idx[t(1, 2, 9) * 144 + t(0, 4, 7)]);
-        assert_ne!(idx[t(1, 2, 3) * 144 + t(0, 4, 1)], idx[t(0, 2, 3) * 144 + t(1, 4, 1)]);
+        assert_eq!(
+            idx[t(1, 2, 3) * 144 + t(0, 4, 1)],
+            idx[t(1, 2, 9) * 144 + t(0, 4, 7)]
+        );
+        assert_ne!(
+            idx[t(1, 2, 3) * 144 + t(0, 4, 1)],
+            idx[t(0, 2, 3) * 144 + t(1, 4, 1)]
+        );
     }
 }

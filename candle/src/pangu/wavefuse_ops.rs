@@ -44,7 +44,13 @@ impl StageOps for WavefuseOps {
         not_wired("norm_partition")
     }
 
-    fn add_norm_partition(&self, _x: &Tensor, _d: &Tensor, _norm: &Affine, _win: &Windowing) -> Result<(Tensor, Tensor)> {
+    fn add_norm_partition(
+        &self,
+        _x: &Tensor,
+        _d: &Tensor,
+        _norm: &Affine,
+        _win: &Windowing,
+    ) -> Result<(Tensor, Tensor)> {
         not_wired("add_norm_partition")
     }
 
@@ -59,11 +65,21 @@ impl StageOps for WavefuseOps {
         not_wired("split_heads")
     }
 
-    fn attn_softmax(&self, _scores: &Tensor, _earth_bias: &Tensor, _win: &Windowing) -> Result<Tensor> {
+    fn attn_softmax(
+        &self,
+        _scores: &Tensor,
+        _earth_bias: &Tensor,
+        _win: &Windowing,
+    ) -> Result<Tensor> {
         not_wired("attn_softmax")
     }
 
-    fn unpartition_add_norm(&self, _x: &Tensor, _branch: &Tensor, _win: &Windowing) -> Result<(Tensor, Tensor)> {
+    fn unpartition_add_norm(
+        &self,
+        _x: &Tensor,
+        _branch: &Tensor,
+        _win: &Windowing,
+    ) -> Result<(Tensor, Tensor)> {
         not_wired("unpartition_add_norm")
     }
 

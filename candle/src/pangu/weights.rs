@@ -54,7 +54,12 @@ fn get<'a>(t: &'a HashMap<String, Tensor>, name: &str, dims: &[usize]) -> Result
 /// `LayerNorm(x) * gamma + beta` followed by `W . + b` equals the plain
 /// LayerNorm followed by `(W diag(gamma)) . + (b + W beta)`: folded in f32,
 /// rounded once to the stage's dtype (f64 when that is f64).
-fn fold_layer_norm(gamma: &Tensor, beta: &Tensor, w: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+fn fold_layer_norm(
+    gamma: &Tensor,
+    beta: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+) -> Result<(Tensor, Tensor)> {
     let f = |x: &Tensor| x.to_dtype(DType::F64);
     let (gamma, beta, w, b) = (f(gamma)?, f(beta)?, f(w)?, f(b)?);
     let wf = w.broadcast_mul(&gamma.unsqueeze(0)?)?;
@@ -133,14 +138,23 @@ impl Rng {
 /// Linear weights uniform in `+-1/sqrt(in)` (PyTorch's default range),
 /// LayerNorm gamma `1 +- 0.5` and beta `+-0.5` (so a wrong fold shows),
 /// earth bias `+-bias_range`, input uniform `+-2`.
-pub fn random_weights(cfg: &StageConfig, seed: u64, bias_range: f32) -> Result<HashMap<String, Tensor>> {
+pub fn random_weights(
+    cfg: &StageConfig,
+    seed: u64,
+    bias_range: f32,
+) -> Result<HashMap<String, Tensor>> {
     let mut r = Rng(seed.max(1));
     let (c, hid) = (cfg.dim, cfg.hidden());
     let win = Windowing::new(cfg.grid, cfg.window, cfg.shift, &Device::Cpu, DType::F16)?;
     let mut t = HashMap::new();
     let g = cfg.grid;
     t.insert("x".to_string(), r.tensor(&[g.z, g.h, g.w, c], 0.0, 2.0)?);
-    let lin = |r: &mut Rng, t: &mut HashMap<String, Tensor>, name: String, o: usize, i: usize| -> Result<()> {
+    let lin = |r: &mut Rng,
+               t: &mut HashMap<String, Tensor>,
+               name: String,
+               o: usize,
+               i: usize|
+     -> Result<()> {
         let a = 1.0 / (i as f32).sqrt();
         t.insert(format!("{name}.weight"), r.tensor(&[o, i], 0.0, a)?);
         t.insert(format!("{name}.bias"), r.tensor(&[o], 0.0, a)?);
@@ -157,7 +171,11 @@ pub fn random_weights(cfg: &StageConfig, seed: u64, bias_range: f32) -> Result<H
         lin(&mut r, &mut t, format!("b{i}.fc2"), c, hid)?;
         t.insert(
             format!("b{i}.earth_bias"),
-            r.tensor(&[bias_table_rows(cfg.window), win.n_types(), cfg.heads], 0.0, bias_range)?,
+            r.tensor(
+                &[bias_table_rows(cfg.window), win.n_types(), cfg.heads],
+                0.0,
+                bias_range,
+            )?,
         );
     }
     Ok(t)

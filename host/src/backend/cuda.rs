@@ -48,11 +48,13 @@ fn unavailable(reason: impl Into<String>) -> Error {
 /// an engine that links libcuda (candle's `dynamic-linking`) turns off for
 /// the whole graph; so probe by hand, with the names cudarc loads.
 fn culib_present() -> bool {
-    ["libcuda.so.1", "libcuda.so", "nvcuda.dll"].iter().any(|name| {
-        // SAFETY: opening the driver library runs only its own load-time
-        // initialisers; the handle is closed again at once.
-        unsafe { libloading::Library::new(name) }.is_ok()
-    })
+    ["libcuda.so.1", "libcuda.so", "nvcuda.dll"]
+        .iter()
+        .any(|name| {
+            // SAFETY: opening the driver library runs only its own load-time
+            // initialisers; the handle is closed again at once.
+            unsafe { libloading::Library::new(name) }.is_ok()
+        })
 }
 
 pub fn open(ordinal: usize) -> Result<Cuda> {
