@@ -327,8 +327,7 @@ def check(args):
 
 def bench(args):
     dev = device_of(args)
-    if dev.type != "cuda":
-        sys.exit("bench needs CUDA")
+    cuda = dev.type == "cuda"  # the CPU path is a smoke test of the harness (tiny scale)
     import torch._dynamo
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -351,35 +350,43 @@ def bench(args):
                 with torch.no_grad():
                     for i in range(3):  # compile + warm-up
                         fn(xs[i % 3])
-                    torch.cuda.synchronize()
+                    base = peak = 0
+                    if cuda:
+                        torch.cuda.synchronize()
+                        base = torch.cuda.memory_allocated()
+                        torch.cuda.reset_peak_memory_stats()
+                        fn(xs[0])
+                        torch.cuda.synchronize()
+                        peak = torch.cuda.max_memory_allocated()
                     prep = time.time() - t0
-                    base = torch.cuda.memory_allocated()
-                    torch.cuda.reset_peak_memory_stats()
-                    fn(xs[0])
-                    torch.cuda.synchronize()
-                    peak = torch.cuda.max_memory_allocated()
                     times = []
                     for i in range(args.reps):
-                        a = torch.cuda.Event(enable_timing=True)
-                        b = torch.cuda.Event(enable_timing=True)
-                        a.record()
-                        fn(xs[i % 3])
-                        b.record()
-                        b.synchronize()
-                        times.append(a.elapsed_time(b) * 1e3)
+                        if cuda:
+                            a = torch.cuda.Event(enable_timing=True)
+                            b = torch.cuda.Event(enable_timing=True)
+                            a.record()
+                            fn(xs[i % 3])
+                            b.record()
+                            b.synchronize()
+                            times.append(a.elapsed_time(b) * 1e3)
+                        else:
+                            t1 = time.perf_counter()
+                            fn(xs[i % 3])
+                            times.append((time.perf_counter() - t1) * 1e6)
                 times.sort()
                 med = times[len(times) // 2]
                 rec = {"kind": "time", "scale": scale, "impl": f"torch-{mode}", "part": part,
                        "median_us": med, "min_us": times[0], "reps": args.reps,
                        "peak_bytes": peak, "peak_over_base_bytes": peak - base, "prep_s": prep,
-                       "torch": torch.__version__, "gpu": torch.cuda.get_device_name()}
+                       "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if cuda else "cpu"}
                 log(args, rec)
                 print(f"{scale} {part:6} torch-{mode:12} median {med:10.1f} us  min {times[0]:10.1f} us  "
                       f"peak {peak / 2**20:8.1f} MiB (+{(peak - base) / 2**20:.1f} over resident)  "
                       f"compile+warm-up {prep:.0f} s", flush=True)
                 del fn
         del m, xs, parts
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
     return 0
 
 
