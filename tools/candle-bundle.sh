@@ -31,30 +31,33 @@ here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:?usage: run.sh OUTDIR [PHASES: gen,candle,check,bench] [SCALES: s1,s2]}"
 phase="${2:-gen,candle,check,bench}"; scales="${3:-s1,s2}"
 has() { [[ ",$phase," == *",$1,"* ]]; }
+py="${PYTHON:-python3}"
+# CANDLE_DEVICE=cpu with scale tiny: a smoke test of this script off the GPU.
+device="${CANDLE_DEVICE:-cuda}"
 mkdir -p "$out"
 bin="$out/pangu_stage"
 [ -x "$bin" ] || { xz -dc "$here/pangu_stage.xz" > "$bin" && chmod +x "$bin"; }
 { echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "commit: $(cat "$here/COMMIT" 2>/dev/null)"
   echo "nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
-  echo "torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1)"
+  echo "torch: $("$py" -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1)"
   echo "command: candle-bundle/run.sh $*"; } > "$out/meta.txt"
 # Weights live beside the outputs; the big input tensors are not packed.
 wdir="$out/weights"; mkdir -p "$wdir"
 if has gen; then
-  python3 "$here/pangu_ref.py" gen --dir "$wdir" --scales "$scales" 2>&1 | tee "$out/gen.txt"
+  "$py" "$here/pangu_ref.py" gen --dir "$wdir" --scales "$scales" 2>&1 | tee "$out/gen.txt"
 fi
 if has candle; then
   for s in ${scales//,/ }; do
-    "$bin" --scale "$s" --weights "$wdir/pangu_$s.safetensors" --device cuda \
+    "$bin" --scale "$s" --weights "$wdir/pangu_$s.safetensors" --device "$device" \
       --build "${CANDLE_BUILDS:-candle,wavefuse}" --out "$wdir" --reps "${CANDLE_REPS:-30}" 2>&1 | tee -a "$out/candle.txt"
   done
 fi
 if has check; then
-  python3 "$here/pangu_ref.py" check --dir "$wdir" --scales "$scales" 2>&1 | tee "$out/check.txt"
+  "$py" "$here/pangu_ref.py" check --dir "$wdir" --scales "$scales" --device "$device" 2>&1 | tee "$out/check.txt"
 fi
 if has bench; then
-  PYTHONUNBUFFERED=1 python3 "$here/pangu_ref.py" bench --dir "$wdir" --scales "$scales" \
+  PYTHONUNBUFFERED=1 "$py" "$here/pangu_ref.py" bench --dir "$wdir" --scales "$scales" --device "$device" \
     --modes "${TORCH_MODES:-eager,default,max-autotune}" --parts "${TORCH_PARTS:-stage,block0,block1}" \
     2>"$out/bench.err" | tee "$out/bench.txt"
 fi

@@ -52,6 +52,9 @@ for f in "$syms"/*.syms; do
     vs=(-Wl,--version-script="$stubs/$base.map")
   fi
   ${CC:-cc} -shared -fPIC -o "$stubs/$base.so" "$stubs/$base.c" -Wl,-soname,"$so" "${vs[@]}"
+  # Under its SONAME too: a CUDA binary then starts here (CPU device only)
+  # with LD_LIBRARY_PATH=$stubs, for smoke tests off the GPU.
+  ln -sf "$base.so" "$stubs/$so"
 done
 
 echo "cuda-toolkit: $("$cu/bin/nvcc" --version | tail -2 | head -1)" >&2

@@ -254,7 +254,7 @@ fn main() -> Res<()> {
             }
             let min = times.iter().cloned().fold(f64::INFINITY, f64::min);
             println!(
-                "{} {part:6} candle-{build:8} median {:10.1} us  min {min:10.1} us  ({} reps){mem}",
+                "{} {part:6} {build:9} median {:10.1} us  min {min:10.1} us  ({} reps){mem}",
                 a.scale,
                 median(times.clone()),
                 a.reps
