@@ -1,9 +1,73 @@
-//! wavefuse in candle.
+//! wavefuse in candle: every wavefuse kernel as a candle op, and the
+//! Pangu-Weather transformer stage written on candle.
 //!
-//! [`pangu`] holds the Pangu-Weather transformer stage written on candle:
-//! one source, run either with candle's own ops ([`pangu::CandleOps`]) or
-//! with wavefuse's fused kernels where one applies
+//! # The ops
+//! Each kernel is a candle `CustomOp1/2/3` (fresh output) or
+//! `InplaceOp1/2/3` (updates its first tensor), plus a typed function:
+//!
+//! | function | op | kernel |
+//! |---|---|---|
+//! | [`layer_norm`] | [`LayerNorm`] | LayerNorm ± affine |
+//! | [`add_layer_norm`] | [`AddLayerNorm`] (in place) | residual add + LayerNorm |
+//! | [`add_layer_norm_to`] | [`AddLayerNormTo`] | the same, residual untouched |
+//! | [`gather`] | [`Gather`] | token gather through a [`Plan`] |
+//! | [`layer_norm_gather`] | [`LayerNormGather`] | LayerNorm + gather |
+//! | [`add_layer_norm_gather`] | [`AddLayerNormGather`] (in place) | residual add + LayerNorm + gather |
+//! | [`bias_gelu`] | [`BiasGelu`] | bias (f16 or bf16) + GELU (erf or tanh) |
+//! | [`qkv_split`] | [`QkvSplit`] | QKV split, bias added, q scaled |
+//! | [`bias_mask_add`] | [`BiasMaskAdd`] (in place) | earth bias + shift mask added to scores |
+//! | [`bias_mask_softmax`], [`bias_mask_softmax_`] | [`BiasMaskSoftmax`] | the same fused with the softmax |
+//!
+//! Tensors are f16 (the GELU bias may be bf16). Index tables and shift
+//! masks ([`Plan`], [`AttnTables`]) are built once per layout on the
+//! tensor's device and reused; LayerNorm affines are packed once
+//! ([`Affine`]).
+//!
+//! # Where they run
+//! - CUDA tensors: on candle's own stream, over candle's own memory (views
+//!   at the layout's start offset, outputs allocated by candle's device),
+//!   no copies and no synchronisation. One wavefuse device per CUDA
+//!   ordinal, opened on first use and kept.
+//! - CPU tensors: through wavefuse's CPU emulator (the same kernel source),
+//!   staged through emulator buffers: a correctness backend, not a fast
+//!   one.
+//!
+//! # Operand rule
+//! Every tensor operand must be contiguous and start on a 16-byte boundary
+//! of its storage (f16: an element offset that is a multiple of 8), as the
+//! kernels' vector paths read it. Anything else is an error naming the op
+//! and the argument and what to call (`.contiguous()`, `.copy()`); the
+//! adapter never copies behind the caller's back. Dtype and shape errors
+//! name the op and the argument too; wavefuse's own checks (widths,
+//! aliasing, devices) come back as candle errors prefixed with the op.
+//!
+//! # The stage
+//! [`pangu`] holds the Pangu-Weather stage written once against
+//! [`pangu::StageOps`], run either with candle's own ops
+//! ([`pangu::CandleOps`]) or with these ops wherever one applies
 //! ([`pangu::WavefuseOps`]); the GEMMs are candle's in both.
 #![deny(missing_docs)]
 
+#[macro_use]
+mod runner;
+
+mod attn;
+mod gather;
+mod gelu;
+mod layer_norm;
 pub mod pangu;
+mod qkv;
+
+pub use attn::{
+    AttnTables, BiasMaskAdd, BiasMaskSoftmax, bias_mask_add, bias_mask_softmax, bias_mask_softmax_,
+};
+pub use gather::{
+    AddLayerNormGather, Gather, LayerNormGather, Plan, add_layer_norm_gather, gather,
+    layer_norm_gather,
+};
+pub use gelu::{BiasGelu, bias_gelu};
+pub use layer_norm::{
+    AddLayerNorm, AddLayerNormTo, Affine, LayerNorm, add_layer_norm, add_layer_norm_to, layer_norm,
+};
+pub use qkv::{HEAD_DIM, QkvSplit, qkv_split};
+pub use wavefuse::GeluMode;

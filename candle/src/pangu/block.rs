@@ -43,21 +43,31 @@ impl Block {
     }
 
     fn attention(&self, ops: &dyn StageOps, h: &Tensor) -> Result<Tensor> {
-        let (rows, c) = h.dims2()?;
-        let scale = (HEAD_DIM as f64).powf(-0.5);
         let qkv = matmul_t(h, &self.w.qkv_w)?;
-        let (q, k, v) = ops.split_heads(&qkv, &self.w.qkv_b, self.heads, scale, &self.win)?;
-        let s = q.matmul(&k.t()?)?;
-        let p = ops.attn_softmax(&s, &self.w.earth_bias, &self.win)?;
-        // [windows, heads, T, hd] -> [windows, T, heads, hd] -> tokens.
-        let o = p.matmul(&v)?.transpose(1, 2)?.reshape((rows, c))?;
-        matmul_t(&o, &self.w.proj_w)?.broadcast_add(&self.w.proj_b)
+        ops.mark("qkv_gemm")?;
+        let o = ops.attention(
+            &qkv,
+            &self.w.qkv_b,
+            &self.w.earth_bias,
+            self.heads,
+            &self.win,
+        )?;
+        let a = matmul_t(&o, &self.w.proj_w)?;
+        ops.mark("proj_gemm")?;
+        let a = a.broadcast_add(&self.w.proj_b)?;
+        ops.mark("proj_bias")?;
+        Ok(a)
     }
 
     fn mlp(&self, ops: &dyn StageOps, h: &Tensor) -> Result<Tensor> {
         let a = matmul_t(h, &self.w.fc1_w)?;
+        ops.mark("fc1_gemm")?;
         let a = ops.bias_gelu(&a, &self.w.fc1_b)?;
-        matmul_t(&a, &self.w.fc2_w)?.broadcast_add(&self.w.fc2_b)
+        let m = matmul_t(&a, &self.w.fc2_w)?;
+        ops.mark("fc2_gemm")?;
+        let m = m.broadcast_add(&self.w.fc2_b)?;
+        ops.mark("fc2_bias")?;
+        Ok(m)
     }
 
     /// Runs the block on the residual `x` `[N, C]`, with `pending` the

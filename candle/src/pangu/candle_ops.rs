@@ -1,8 +1,9 @@
 //! The stage with candle's own ops, written as PyTorch would: pad, roll,
 //! reshape/permute window partition, broadcast adds, candle-nn's LayerNorm
 //! and softmax (f32 inside, f16 out).
-use super::config::LN_EPS;
+use super::config::{HEAD_DIM, LN_EPS};
 use super::ops::{Affine, StageOps};
+use super::probe::Probe;
 use super::tables::Windowing;
 use candle_core::{D, DType, Result, Tensor};
 
@@ -11,6 +12,7 @@ use candle_core::{D, DType, Result, Tensor};
 pub struct CandleOps {
     ones: Tensor,
     zeros: Tensor,
+    probe: Probe,
 }
 
 impl CandleOps {
@@ -19,7 +21,14 @@ impl CandleOps {
         Ok(CandleOps {
             ones: Tensor::ones(dim, dtype, device)?,
             zeros: Tensor::zeros(dim, dtype, device)?,
+            probe: Probe::default(),
         })
+    }
+
+    /// The step timer ([`Probe::start`] before a forward, [`Probe::finish`]
+    /// after).
+    pub fn probe(&self) -> &Probe {
+        &self.probe
     }
 
     /// LayerNorm without affine: candle-nn's fused kernel with gamma 1 and
@@ -75,9 +84,15 @@ impl StageOps for CandleOps {
         "candle"
     }
 
+    fn mark(&self, step: &'static str) -> Result<()> {
+        self.probe.mark(step)
+    }
+
     fn norm_partition(&self, x: &Tensor, norm: &Affine, win: &Windowing) -> Result<Tensor> {
         let h = candle_nn::ops::layer_norm(x, &norm.gamma, &norm.beta, LN_EPS)?;
-        partition(&h, win)
+        let h = partition(&h, win)?;
+        self.mark("norm_partition")?;
+        Ok(h)
     }
 
     fn add_norm_partition(
@@ -88,43 +103,38 @@ impl StageOps for CandleOps {
         win: &Windowing,
     ) -> Result<(Tensor, Tensor)> {
         let x = (x + d)?;
-        let h = self.norm_partition(&x, norm, win)?;
+        let h = candle_nn::ops::layer_norm(&x, &norm.gamma, &norm.beta, LN_EPS)?;
+        let h = partition(&h, win)?;
+        self.mark("add_norm_partition")?;
         Ok((x, h))
     }
 
-    fn split_heads(
+    fn attention(
         &self,
         qkv: &Tensor,
-        bias: &Tensor,
-        heads: usize,
-        scale: f64,
-        win: &Windowing,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        let (rows, c3) = qkv.dims2()?;
-        let t = win.tokens_per_window();
-        let hd = c3 / 3 / heads;
-        let qkv = qkv
-            .broadcast_add(bias)?
-            .reshape((rows / t, t, 3, heads, hd))?
-            .permute((2, 0, 3, 1, 4))?;
-        // candle's affine multiplies in f16 with the scale rounded to f16.
-        let q = (qkv.get(0)? * scale)?;
-        let k = qkv.get(1)?.contiguous()?;
-        let v = qkv.get(2)?.contiguous()?;
-        Ok((q, k, v))
-    }
-
-    fn attn_softmax(
-        &self,
-        scores: &Tensor,
+        qkv_bias: &Tensor,
         earth_bias: &Tensor,
+        heads: usize,
         win: &Windowing,
     ) -> Result<Tensor> {
-        let (windows, heads, t, _) = scores.dims4()?;
+        let (rows, c3) = qkv.dims2()?;
+        let t = win.tokens_per_window();
+        let windows = rows / t;
+        let qkv = qkv
+            .broadcast_add(qkv_bias)?
+            .reshape((windows, t, 3, heads, HEAD_DIM))?
+            .permute((2, 0, 3, 1, 4))?;
+        // candle's affine multiplies in f16 with the scale rounded to f16.
+        let q = (qkv.get(0)? * (HEAD_DIM as f64).powf(-0.5))?;
+        let k = qkv.get(1)?.contiguous()?;
+        let v = qkv.get(2)?.contiguous()?;
+        self.mark("qkv_split")?;
+        let s = q.matmul(&k.t()?)?;
+        self.mark("scores_gemm")?;
         let types = win.n_types();
         // Windows are (z, h, w)-major and the type is (z, h): group the
         // longitude windows of each type, as the pseudocode does.
-        let s = scores
+        let s = s
             .reshape((types, windows / types, heads, t, t))?
             .broadcast_add(&earth_bias.unsqueeze(1)?)?
             .reshape((windows, heads, t, t))?;
@@ -132,7 +142,14 @@ impl StageOps for CandleOps {
             Some(mask) => s.broadcast_add(mask)?,
             None => s,
         };
-        candle_nn::ops::softmax_last_dim(&s)
+        let p = candle_nn::ops::softmax_last_dim(&s)?;
+        self.mark("softmax")?;
+        let o = p.matmul(&v)?;
+        self.mark("pv_gemm")?;
+        // [windows, heads, T, hd] -> [windows, T, heads, hd] -> tokens.
+        let o = o.transpose(1, 2)?.reshape((rows, c3 / 3))?;
+        self.mark("head_merge")?;
+        Ok(o)
     }
 
     fn unpartition_add_norm(
@@ -143,14 +160,19 @@ impl StageOps for CandleOps {
     ) -> Result<(Tensor, Tensor)> {
         let x = (x + unpartition(branch, win)?)?;
         let h = self.layer_norm(&x)?;
+        self.mark("unpartition_add_norm")?;
         Ok((x, h))
     }
 
     fn bias_gelu(&self, h: &Tensor, bias: &Tensor) -> Result<Tensor> {
-        h.broadcast_add(bias)?.gelu_erf()
+        let y = h.broadcast_add(bias)?.gelu_erf()?;
+        self.mark("bias_gelu")?;
+        Ok(y)
     }
 
     fn add(&self, x: &Tensor, d: &Tensor) -> Result<Tensor> {
-        x + d
+        let y = (x + d)?;
+        self.mark("add")?;
+        Ok(y)
     }
 }

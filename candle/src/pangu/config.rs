@@ -66,12 +66,24 @@ impl StageConfig {
         shift: SHIFT,
     };
 
-    /// The configuration named `s1`, `s2` or `tiny`.
+    /// [`StageConfig::TINY`]'s grid at the first scale's width (192
+    /// channels, 6 heads): the smallest stage wavefuse's LayerNorm kernels
+    /// run (widths 192, 384, 768), for the wavefuse build on the CPU.
+    pub const TINY192: StageConfig = StageConfig {
+        grid: Grid3 { z: 4, h: 7, w: 24 },
+        dim: 192,
+        heads: 6,
+        window: WINDOW,
+        shift: SHIFT,
+    };
+
+    /// The configuration named `s1`, `s2`, `tiny` or `tiny192`.
     pub fn by_name(name: &str) -> Option<StageConfig> {
         match name {
             "s1" => Some(Self::SCALE1),
             "s2" => Some(Self::SCALE2),
             "tiny" => Some(Self::TINY),
+            "tiny192" => Some(Self::TINY192),
             _ => None,
         }
     }

@@ -3,27 +3,47 @@
 //! trait; [`crate::pangu::CandleOps`] implements it with candle's own ops,
 //! [`crate::pangu::WavefuseOps`] with wavefuse's kernels.
 //!
-//! Shapes (all f16 on the stage's device): the residual stream `x` is
-//! `[N, C]` in grid order (`N = Z * H * W`); windowed tokens are
-//! `[windows * T, C]` in [`wavefuse_shared::window::WindowPlan`]'s order;
-//! per-head tensors `[windows, heads, T, head_dim]`; attention scores
-//! `[windows, heads, T, T]`.
+//! Shapes (all in the stage's dtype on its device): the residual stream `x`
+//! is `[N, C]` in grid order (`N = Z * H * W`); windowed tokens are
+//! `[windows * T, C]` in [`wavefuse_shared::window::WindowPlan`]'s order.
 use super::tables::Windowing;
 use candle_core::{Result, Tensor};
 
-/// A LayerNorm's affine parameters, `[C]` each.
+/// A LayerNorm's affine parameters, `[C]` each, and the two packed as the
+/// wavefuse ops take them.
 #[derive(Debug)]
 pub struct Affine {
     /// Scale.
     pub gamma: Tensor,
     /// Shift.
     pub beta: Tensor,
+    /// `[gamma; beta]` in f16 ([`crate::Affine`]).
+    pub packed: crate::Affine,
+}
+
+impl Affine {
+    /// The parameters and their packed form.
+    pub fn new(gamma: Tensor, beta: Tensor) -> Result<Affine> {
+        let packed = crate::Affine::new(&gamma, &beta)?;
+        Ok(Affine {
+            gamma,
+            beta,
+            packed,
+        })
+    }
 }
 
 /// One build of the stage's non-GEMM steps.
 pub trait StageOps {
     /// The build's name (`candle`, `wavefuse`).
     fn name(&self) -> &'static str;
+
+    /// The end of a step (the time breakdown's boundary; see
+    /// [`crate::pangu::Probe`]). The block marks its GEMMs and bias adds,
+    /// the builds mark their own steps.
+    fn mark(&self, _step: &'static str) -> Result<()> {
+        Ok(())
+    }
 
     /// A block's entry when nothing is pending: `windows(LayerNorm(x) *
     /// gamma + beta)` with zero tokens in the padding. The affine stays
@@ -34,6 +54,8 @@ pub trait StageOps {
 
     /// A block's entry after a block whose MLP output `d` is not yet in the
     /// residual: returns `(x + d, windows(LayerNorm(x + d) * gamma + beta))`.
+    /// `x` is always a residual the stage made itself (never its input), so
+    /// a build may update it in place and return it.
     fn add_norm_partition(
         &self,
         x: &Tensor,
@@ -42,28 +64,27 @@ pub trait StageOps {
         win: &Windowing,
     ) -> Result<(Tensor, Tensor)>;
 
-    /// The QKV Linear's output without its bias, `[windows * T, 3C]`
-    /// (per token `[q | k | v]`, heads major) -> `(q * scale, k, v)` after
-    /// adding `bias` `[3C]`.
-    fn split_heads(
+    /// Window attention from the QKV Linear's output without its bias,
+    /// `[windows * T, 3C]` (per token `[q | k | v]`, heads major): adds
+    /// `qkv_bias` `[3C]`, scales q by `head_dim^-0.5`, and returns
+    /// `softmax(q k^T + earth_bias[type(w)] + mask[w]) v` with the heads
+    /// merged, `[windows * T, C]` (what the output projection reads).
+    /// `earth_bias` is `[types, heads, T, T]`; the mask the block's (none
+    /// when unshifted).
+    fn attention(
         &self,
         qkv: &Tensor,
-        bias: &Tensor,
+        qkv_bias: &Tensor,
+        earth_bias: &Tensor,
         heads: usize,
-        scale: f64,
         win: &Windowing,
-    ) -> Result<(Tensor, Tensor, Tensor)>;
-
-    /// `softmax(scores + earth_bias[type(w)] + mask[w])` over the last
-    /// axis; `earth_bias` is `[types, heads, T, T]`, the mask the block's
-    /// (none when unshifted).
-    fn attn_softmax(&self, scores: &Tensor, earth_bias: &Tensor, win: &Windowing)
-    -> Result<Tensor>;
+    ) -> Result<Tensor>;
 
     /// The attention branch `[windows * T, C]` back to grid order (reverse
     /// partition, roll back, crop), added to the residual: returns
     /// `(x + branch, LayerNorm(x + branch))` (no affine: norm2's is folded
     /// into the MLP's first Linear, exact here since no padding follows).
+    /// `x` may be the stage's input: it is not updated.
     fn unpartition_add_norm(
         &self,
         x: &Tensor,

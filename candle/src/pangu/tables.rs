@@ -2,7 +2,9 @@
 //! shifted-window mask, the window -> type map and the earth-specific bias
 //! position index. Built once per block; both builds of the stage read
 //! them (candle's own ops as tensors, wavefuse's kernels as tables).
+use super::wavefuse_ops::Tables;
 use candle_core::{DType, Device, Result, Tensor};
+use std::sync::OnceLock;
 use wavefuse_shared::window::{Grid3, MaskSlots, Shift3, Window3, WindowPlan};
 
 /// One block's windowing on one grid.
@@ -11,6 +13,9 @@ pub struct Windowing {
     plan: WindowPlan,
     slots: Option<MaskSlots>,
     mask: Option<Tensor>,
+    device: Device,
+    /// The wavefuse build's plans and tables, built on its first use.
+    wavefuse: OnceLock<Tables>,
 }
 
 impl Windowing {
@@ -39,7 +44,29 @@ impl Windowing {
         } else {
             (None, None)
         };
-        Ok(Windowing { plan, slots, mask })
+        Ok(Windowing {
+            plan,
+            slots,
+            mask,
+            device: device.clone(),
+            wavefuse: OnceLock::new(),
+        })
+    }
+
+    /// The device the windowing's tensors and tables live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The wavefuse build's plans and tables, built on first use and kept.
+    pub(crate) fn wavefuse(&self) -> Result<&Tables> {
+        if self.wavefuse.get().is_none() {
+            // Two threads racing here build twice and keep one.
+            let _ = self.wavefuse.set(Tables::new(self)?);
+        }
+        self.wavefuse
+            .get()
+            .ok_or_else(|| candle_core::Error::Msg("windowing: wavefuse tables not built".into()))
     }
 
     /// The window plan (grid, padding, shift, tables).

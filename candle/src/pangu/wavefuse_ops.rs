@@ -1,25 +1,81 @@
-//! The stage with wavefuse's kernels wherever one applies. NOT WIRED YET:
-//! every method fails with an error naming the step. The kernels it will
-//! launch, on candle's stream and candle's buffers (wavefuse's foreign
-//! memory and caller streams, issue 13; the CustomOps, issue 14):
+//! The stage with wavefuse's kernels wherever one applies, on candle's
+//! stream and candle's memory (the crate's ops). The GEMMs, the two Linear
+//! bias adds after a GEMM and the last residual add stay candle's (no
+//! wavefuse kernel does a plain add).
 //!
-//! | step | wavefuse kernel |
+//! | step | wavefuse kernels |
 //! |---|---|
-//! | `norm_partition` | `layer_norm_gather` (affine) with the plan's partition table |
+//! | `norm_partition` | `layer_norm_gather` (affine) through the partition plan |
 //! | `add_norm_partition` | `add_layer_norm_gather` (affine; residual updated in place) |
-//! | `split_heads` | `qkv_split` (bias added, q scaled) |
-//! | `attn_softmax` | `bias_mask_softmax` (type and mask-slot tables) |
-//! | `unpartition_add_norm` | `gather` with the reverse table, then `add_layer_norm` (no affine) |
-//! | `bias_gelu` | `bias_gelu` (exact) |
-//! | `add` | candle's add (no kernel of its own) |
+//! | `attention` | `qkv_split` (bias added, q scaled); candle's `q k^T`; `bias_mask_softmax` in place over the scores; candle's `p v`; `gather` through the head-merge plan (32-channel tokens `[w, h, t]` -> `[w, t, h]`) |
+//! | `unpartition_add_norm` | `gather` through the reverse plan, `add_layer_norm_to` (no affine; the stage input is never written) |
+//! | `bias_gelu` | `bias_gelu` (erf) |
+//!
+//! Launches per block: 7 wavefuse kernels and 7 candle ones (5 GEMMs, 2
+//! bias adds), plus the stage's last add.
+use super::config::{HEAD_DIM, LN_EPS};
 use super::ops::{Affine, StageOps};
+use super::probe::Probe;
 use super::tables::Windowing;
+use crate::{AttnTables, GeluMode, Plan};
 use candle_core::{Result, Tensor};
+use std::sync::OnceLock;
 
-/// candle + wavefuse kernels (not wired yet: see the module docs).
+/// The wavefuse build's plans and tables for one windowing (built once,
+/// kept in the [`Windowing`]).
+#[derive(Debug)]
+pub struct Tables {
+    partition: Plan,
+    reverse: Plan,
+    attn: AttnTables,
+    /// The head-merge plan and its number of heads.
+    merge: OnceLock<(usize, Plan)>,
+}
+
+impl Tables {
+    pub(crate) fn new(win: &Windowing) -> Result<Tables> {
+        let p = win.plan();
+        let dev = win.device();
+        Ok(Tables {
+            partition: Plan::new(&p.partition_table(), p.n_tokens_in(), dev)?,
+            reverse: Plan::new(&p.reverse_table(), p.n_tokens_out(), dev)?,
+            attn: AttnTables::from_plan(p, dev)?,
+            merge: OnceLock::new(),
+        })
+    }
+
+    /// The head merge of `p v` for `heads` heads: output token `(w, t, h)`
+    /// of 32 channels is source token `(w, h, t)` of `[windows, heads, T,
+    /// 32]`. Built on first use.
+    fn merge(&self, win: &Windowing, heads: usize) -> Result<&Plan> {
+        if self.merge.get().is_none() {
+            let (windows, t) = (win.n_windows(), win.tokens_per_window());
+            let n = windows * t * heads;
+            if n > i32::MAX as usize {
+                candle_core::bail!("head merge: {n} tokens overflow the index type");
+            }
+            let mut table = Vec::with_capacity(n);
+            for w in 0..windows {
+                for ti in 0..t {
+                    for h in 0..heads {
+                        table.push(((w * heads + h) * t + ti) as i32);
+                    }
+                }
+            }
+            let _ = self.merge.set((heads, Plan::new(&table, n, win.device())?));
+        }
+        match self.merge.get() {
+            Some((h, p)) if *h == heads => Ok(p),
+            Some((h, _)) => candle_core::bail!("head merge built for {h} heads, asked for {heads}"),
+            None => candle_core::bail!("head merge not built"),
+        }
+    }
+}
+
+/// candle + wavefuse kernels (see the module docs).
 #[derive(Debug, Default)]
 pub struct WavefuseOps {
-    _not_wired: (),
+    probe: Probe,
 }
 
 impl WavefuseOps {
@@ -27,12 +83,12 @@ impl WavefuseOps {
     pub fn new() -> WavefuseOps {
         WavefuseOps::default()
     }
-}
 
-fn not_wired<T>(step: &str) -> Result<T> {
-    Err(candle_core::Error::Msg(format!(
-        "wavefuse build: `{step}` is not wired to its wavefuse kernel yet"
-    )))
+    /// The step timer ([`Probe::start`] before a forward, [`Probe::finish`]
+    /// after).
+    pub fn probe(&self) -> &Probe {
+        &self.probe
+    }
 }
 
 impl StageOps for WavefuseOps {
@@ -40,54 +96,78 @@ impl StageOps for WavefuseOps {
         "wavefuse"
     }
 
-    fn norm_partition(&self, _x: &Tensor, _norm: &Affine, _win: &Windowing) -> Result<Tensor> {
-        not_wired("norm_partition")
+    fn mark(&self, step: &'static str) -> Result<()> {
+        self.probe.mark(step)
+    }
+
+    fn norm_partition(&self, x: &Tensor, norm: &Affine, win: &Windowing) -> Result<Tensor> {
+        let t = win.wavefuse()?;
+        let h = crate::layer_norm_gather(x, &t.partition, Some(&norm.packed), LN_EPS)?;
+        self.mark("norm_partition")?;
+        Ok(h)
     }
 
     fn add_norm_partition(
         &self,
-        _x: &Tensor,
-        _d: &Tensor,
-        _norm: &Affine,
-        _win: &Windowing,
+        x: &Tensor,
+        d: &Tensor,
+        norm: &Affine,
+        win: &Windowing,
     ) -> Result<(Tensor, Tensor)> {
-        not_wired("add_norm_partition")
+        let t = win.wavefuse()?;
+        let h = crate::add_layer_norm_gather(x, d, &t.partition, Some(&norm.packed), LN_EPS)?;
+        self.mark("add_norm_partition")?;
+        Ok((x.clone(), h))
     }
 
-    fn split_heads(
+    fn attention(
         &self,
-        _qkv: &Tensor,
-        _bias: &Tensor,
-        _heads: usize,
-        _scale: f64,
-        _win: &Windowing,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        not_wired("split_heads")
-    }
-
-    fn attn_softmax(
-        &self,
-        _scores: &Tensor,
-        _earth_bias: &Tensor,
-        _win: &Windowing,
+        qkv: &Tensor,
+        qkv_bias: &Tensor,
+        earth_bias: &Tensor,
+        heads: usize,
+        win: &Windowing,
     ) -> Result<Tensor> {
-        not_wired("attn_softmax")
+        let tb = win.wavefuse()?;
+        let merge = tb.merge(win, heads)?;
+        let (rows, c3) = qkv.dims2()?;
+        let t = win.tokens_per_window();
+        let scale = (HEAD_DIM as f64).powf(-0.5) as f32;
+        let (q, k, v) = crate::qkv_split(qkv, Some(qkv_bias), heads, t, scale)?;
+        self.mark("qkv_split")?;
+        let s = q.matmul(&k.t()?)?;
+        self.mark("scores_gemm")?;
+        crate::bias_mask_softmax_(&s, earth_bias, &tb.attn)?;
+        self.mark("softmax")?;
+        let o = s.matmul(&v)?;
+        self.mark("pv_gemm")?;
+        let o = crate::gather(&o.reshape((rows * heads, HEAD_DIM))?, merge)?;
+        self.mark("head_merge")?;
+        o.reshape((rows, c3 / 3))
     }
 
     fn unpartition_add_norm(
         &self,
-        _x: &Tensor,
-        _branch: &Tensor,
-        _win: &Windowing,
+        x: &Tensor,
+        branch: &Tensor,
+        win: &Windowing,
     ) -> Result<(Tensor, Tensor)> {
-        not_wired("unpartition_add_norm")
+        let t = win.wavefuse()?;
+        let g = crate::gather(branch, &t.reverse)?;
+        let r = crate::add_layer_norm_to(x, &g, None, LN_EPS)?;
+        self.mark("unpartition_add_norm")?;
+        Ok(r)
     }
 
-    fn bias_gelu(&self, _h: &Tensor, _bias: &Tensor) -> Result<Tensor> {
-        not_wired("bias_gelu")
+    fn bias_gelu(&self, h: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        let y = crate::bias_gelu(h, bias, GeluMode::Erf)?;
+        self.mark("bias_gelu")?;
+        Ok(y)
     }
 
-    fn add(&self, _x: &Tensor, _d: &Tensor) -> Result<Tensor> {
-        not_wired("add")
+    fn add(&self, x: &Tensor, d: &Tensor) -> Result<Tensor> {
+        let y = (x + d)?;
+        self.mark("add")?;
+        Ok(y)
     }
 }

@@ -94,10 +94,10 @@ impl BlockWeights {
             &[bias_table_rows(cfg.window), win.n_types(), cfg.heads],
         )?;
         Ok(BlockWeights {
-            norm1: Affine {
-                gamma: dev(get(t, &n("norm1.weight"), &[c])?)?,
-                beta: dev(get(t, &n("norm1.bias"), &[c])?)?,
-            },
+            norm1: Affine::new(
+                dev(get(t, &n("norm1.weight"), &[c])?)?,
+                dev(get(t, &n("norm1.bias"), &[c])?)?,
+            )?,
             qkv_w: dev(get(t, &n("qkv.weight"), &[3 * c, c])?)?,
             qkv_b: dev(get(t, &n("qkv.bias"), &[3 * c])?)?,
             earth_bias: dev(&expand_earth_bias(table, cfg.window)?)?,

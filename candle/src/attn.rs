@@ -1,0 +1,280 @@
+//! Attention-score ops: earth-specific bias + shift mask added to the
+//! scores, alone or fused with the softmax, as candle ops.
+//!
+//! [`AttnTables`] hold what depends only on the windowing: the window ->
+//! bias-type table, and for a shifted block the window -> mask-slot table
+//! with the deduplicated masks (0 / -100, exact in f16). They are built
+//! once per windowing on the wavefuse device behind one candle device and
+//! shared by every launch. The bias `[types, heads, T, T]` is an operand
+//! (a weight, in candle's memory).
+use crate::runner::{DevKey, Operand, Path, wf_device, wf_err};
+use candle_core::{Device, Layout, Result, Shape, Tensor};
+use std::sync::Arc;
+use wavefuse::{AttnBias, AttnMask, WindowTable, f16};
+use wavefuse_shared::window::WindowPlan;
+
+#[derive(Debug)]
+struct Mask {
+    slot: WindowTable,
+    masks: wavefuse::DeviceBuffer<f16>,
+}
+
+/// The window tables of one windowing on one device.
+#[derive(Clone, Debug)]
+pub struct AttnTables {
+    ty: Arc<WindowTable>,
+    mask: Option<Arc<Mask>>,
+    tokens: usize,
+    key: DevKey,
+}
+
+impl AttnTables {
+    /// `types[w]` in `0..n_types` for each window; for a shifted block,
+    /// `slots[w]` in `0..n_slots` and the masks `[n_slots, T, T]` (f32
+    /// values, converted to f16: 0 and -100 are exact). `tokens` is `T`.
+    pub fn new(
+        types: &[i32],
+        n_types: usize,
+        mask: Option<(&[i32], usize, &[f32])>,
+        tokens: usize,
+        device: &Device,
+    ) -> Result<AttnTables> {
+        const OP: &str = "wavefuse-attn_tables";
+        let key = DevKey::of(device)?;
+        let dev = wf_device(key)?;
+        let e = wf_err(OP);
+        let ty = WindowTable::new(&dev, types, n_types).map_err(&e)?;
+        let mask = match mask {
+            None => None,
+            Some((slots, n_slots, values)) => {
+                if slots.len() != types.len() {
+                    candle_core::bail!(
+                        "{OP}: {} slot entries for {} windows",
+                        slots.len(),
+                        types.len()
+                    );
+                }
+                if values.len() != n_slots * tokens * tokens {
+                    candle_core::bail!(
+                        "{OP}: {} mask values, expected {n_slots} x {tokens}^2",
+                        values.len()
+                    );
+                }
+                let halves: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
+                Some(Arc::new(Mask {
+                    slot: WindowTable::new(&dev, slots, n_slots).map_err(&e)?,
+                    masks: dev.upload(&halves).map_err(&e)?,
+                }))
+            }
+        };
+        Ok(AttnTables {
+            ty: Arc::new(ty),
+            mask,
+            tokens,
+            key,
+        })
+    }
+
+    /// The tables of a window plan: Pangu's window types, and the shift
+    /// masks when the plan is shifted.
+    pub fn from_plan(plan: &WindowPlan, device: &Device) -> Result<AttnTables> {
+        let types = plan.window_type_table();
+        let t = plan.tokens_per_window();
+        if plan.is_shifted() {
+            let s = plan.mask_slots();
+            let m = (&s.window_to_slot[..], s.n_slots, &s.slot_masks[..]);
+            AttnTables::new(&types, plan.n_window_types(), Some(m), t, device)
+        } else {
+            AttnTables::new(&types, plan.n_window_types(), None, t, device)
+        }
+    }
+
+    /// Windows.
+    pub fn windows(&self) -> usize {
+        self.ty.len()
+    }
+
+    /// Bias types.
+    pub fn n_types(&self) -> usize {
+        self.ty.bound()
+    }
+
+    /// Tokens per window.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Whether a shift mask is added.
+    pub fn has_mask(&self) -> bool {
+        self.mask.is_some()
+    }
+
+    /// Heads of `scores` `[windows, heads, T, T]` after checking it and
+    /// `bias` `[types, heads, T, T]` against the tables.
+    fn heads(&self, op: &'static str, scores: &Layout, bias: &Layout) -> Result<usize> {
+        let (w, t) = (self.windows(), self.tokens);
+        let heads = match *scores.dims() {
+            [sw, h, t1, t2] if sw == w && t1 == t && t2 == t && h > 0 => h,
+            _ => candle_core::bail!(
+                "{op}: `scores` is {:?}, expected [{w}, heads, {t}, {t}] (the tables' windows)",
+                scores.dims()
+            ),
+        };
+        if bias.dims() != [self.n_types(), heads, t, t] {
+            candle_core::bail!(
+                "{op}: `bias` is {:?}, expected [{}, {heads}, {t}, {t}]",
+                bias.dims(),
+                self.n_types()
+            );
+        }
+        Ok(heads)
+    }
+
+    fn check_device(&self, op: &'static str, t: &Tensor) -> Result<()> {
+        if DevKey::of(t.device())? != self.key {
+            candle_core::bail!(
+                "{op}: the tables are for {:?}, `scores` is on {:?}",
+                self.key,
+                t.device().location()
+            );
+        }
+        Ok(())
+    }
+
+    /// wavefuse's view of the tables with `bias`.
+    fn attn<'a>(
+        &'a self,
+        bias: &'a wavefuse::View<'a, f16>,
+        mask: &'a Option<wavefuse::View<'a, f16>>,
+    ) -> AttnBias<'a> {
+        AttnBias {
+            bias,
+            ty: &self.ty,
+            mask: match (&self.mask, mask) {
+                (Some(m), Some(v)) => Some(AttnMask {
+                    mask: v,
+                    slot: &m.slot,
+                }),
+                _ => None,
+            },
+        }
+    }
+
+    fn mask_view(&self) -> Option<wavefuse::View<'_, f16>> {
+        self.mask.as_ref().map(|m| m.masks.view())
+    }
+}
+
+/// `scores += bias[type(w)] + mask[slot(w)]` in place, rounded once:
+/// `InplaceOp2` on `scores` `[windows, heads, T, T]` with `bias`
+/// `[types, heads, T, T]`.
+#[derive(Clone, Debug)]
+pub struct BiasMaskAdd {
+    tables: AttnTables,
+}
+
+const ADD: &str = "wavefuse-bias_mask_add";
+
+impl BiasMaskAdd {
+    /// The op for `tables`.
+    pub fn new(tables: &AttnTables) -> BiasMaskAdd {
+        BiasMaskAdd {
+            tables: tables.clone(),
+        }
+    }
+
+    fn fwd_inplace<P: Path>(
+        &self,
+        s: &mut P::S,
+        sl: &Layout,
+        ins: &[Operand<'_, P::S>],
+    ) -> Result<()> {
+        let heads = self.tables.heads(ADD, sl, ins[0].l)?;
+        let t = self.tables.tokens;
+        P::run(ADD, ins, Some((s, sl, "scores")), &[], |io| {
+            let bias = io.input::<f16>(0, 0, None)?;
+            let mask = self.tables.mask_view();
+            let ab = self.tables.attn(&bias, &mask);
+            let mut s = io.inout()?;
+            wavefuse::bias_mask_add(io.q, &mut s, heads, t, &ab)
+        })?;
+        Ok(())
+    }
+}
+
+inplace_op!(BiasMaskAdd, ADD, InplaceOp2, ["bias"]);
+
+/// `scores += bias[type(w)] + mask[slot(w)]` in place (see [`BiasMaskAdd`]).
+pub fn bias_mask_add(scores: &Tensor, bias: &Tensor, tables: &AttnTables) -> Result<()> {
+    tables.check_device(ADD, scores)?;
+    scores.inplace_op2(bias, &BiasMaskAdd::new(tables))
+}
+
+/// `softmax(scores + bias[type(w)] + mask[slot(w)])` over the last axis,
+/// T = 144: `CustomOp2` on `scores` and `bias` (a fresh output), or
+/// `InplaceOp2` on `scores` with `bias` (the probabilities over the
+/// scores).
+#[derive(Clone, Debug)]
+pub struct BiasMaskSoftmax {
+    tables: AttnTables,
+}
+
+const SOFTMAX: &str = "wavefuse-bias_mask_softmax";
+
+impl BiasMaskSoftmax {
+    /// The op for `tables`.
+    pub fn new(tables: &AttnTables) -> BiasMaskSoftmax {
+        BiasMaskSoftmax {
+            tables: tables.clone(),
+        }
+    }
+
+    fn fwd<P: Path>(&self, ins: &[Operand<'_, P::S>]) -> Result<(P::S, Shape)> {
+        let heads = self.tables.heads(SOFTMAX, ins[0].l, ins[1].l)?;
+        let t = self.tables.tokens;
+        let n = ins[0].l.shape().elem_count();
+        let mut o = P::run(SOFTMAX, ins, None, &[n], |io| {
+            let s = io.input::<f16>(0, 0, None)?;
+            let bias = io.input::<f16>(1, 0, None)?;
+            let mask = self.tables.mask_view();
+            let ab = self.tables.attn(&bias, &mask);
+            let mut p = io.output(0, &[n])?;
+            wavefuse::bias_mask_softmax(io.q, &s, &mut p[0], heads, t, &ab)
+        })?;
+        Ok((o.remove(0), ins[0].l.shape().clone()))
+    }
+
+    fn fwd_inplace<P: Path>(
+        &self,
+        s: &mut P::S,
+        sl: &Layout,
+        ins: &[Operand<'_, P::S>],
+    ) -> Result<()> {
+        let heads = self.tables.heads(SOFTMAX, sl, ins[0].l)?;
+        let t = self.tables.tokens;
+        P::run(SOFTMAX, ins, Some((s, sl, "scores")), &[], |io| {
+            let bias = io.input::<f16>(0, 0, None)?;
+            let mask = self.tables.mask_view();
+            let ab = self.tables.attn(&bias, &mask);
+            let mut s = io.inout()?;
+            wavefuse::bias_mask_softmax_inplace(io.q, &mut s, heads, t, &ab)
+        })?;
+        Ok(())
+    }
+}
+
+custom_op!(BiasMaskSoftmax, SOFTMAX, CustomOp2, ["scores", "bias"]);
+inplace_op!(BiasMaskSoftmax, SOFTMAX, InplaceOp2, ["bias"]);
+
+/// The attention probabilities as a fresh tensor (see [`BiasMaskSoftmax`]).
+pub fn bias_mask_softmax(scores: &Tensor, bias: &Tensor, tables: &AttnTables) -> Result<Tensor> {
+    tables.check_device(SOFTMAX, scores)?;
+    scores.apply_op2_no_bwd(bias, &BiasMaskSoftmax::new(tables))
+}
+
+/// The attention probabilities written over `scores` (see
+/// [`BiasMaskSoftmax`]).
+pub fn bias_mask_softmax_(scores: &Tensor, bias: &Tensor, tables: &AttnTables) -> Result<()> {
+    tables.check_device(SOFTMAX, scores)?;
+    scores.inplace_op2(bias, &BiasMaskSoftmax::new(tables))
+}
