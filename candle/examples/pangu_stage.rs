@@ -8,13 +8,69 @@
 //! ```text
 //! pangu_stage [--scale s1|s2|tiny] [--weights FILE | --random SEED]
 //!             [--build candle|wavefuse|candle,wavefuse] [--device cpu|cuda]
-//!             [--out DIR] [--reps N]
+//!             [--out DIR] [--reps N] [--breakdown N]
 //! ```
+//! `--breakdown N`: N more stage forwards per build with a timestamp at
+//! every step boundary (CUDA events on candle's stream), printed as each
+//! step's median and the medians summed by step name.
 //! On the CPU (CI): `pangu_stage --scale tiny --random 1 --device cpu`.
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::time::Instant;
-use wavefuse_candle::pangu::{self, CandleOps, Stage, StageConfig, StageOps, WavefuseOps};
+use wavefuse_candle::pangu::{self, CandleOps, Probe, Stage, StageConfig, StageOps, WavefuseOps};
+
+/// One build: its ops and their step timer.
+enum Build {
+    Candle(CandleOps),
+    Wavefuse(WavefuseOps),
+}
+
+impl Build {
+    fn ops(&self) -> &dyn StageOps {
+        match self {
+            Build::Candle(o) => o,
+            Build::Wavefuse(o) => o,
+        }
+    }
+
+    fn probe(&self) -> &Probe {
+        match self {
+            Build::Candle(o) => o.probe(),
+            Build::Wavefuse(o) => o.probe(),
+        }
+    }
+}
+
+/// `n` stage forwards with the step timer on: each step's median (steps
+/// in order, both blocks), then the medians summed by step name.
+fn breakdown(stage: &Stage, b: &Build, x: &Tensor, dev: &Device, n: usize, tag: &str) -> Res<()> {
+    let mut runs: Vec<Vec<(&'static str, f64)>> = Vec::with_capacity(n);
+    for _ in 0..n {
+        b.probe().start(dev)?;
+        drop(stage.forward(b.ops(), x)?);
+        runs.push(b.probe().finish()?);
+    }
+    let Some(first) = runs.first() else {
+        return Ok(());
+    };
+    let mut total = 0.0;
+    let mut by_name: Vec<(&str, f64)> = Vec::new();
+    println!("{tag} breakdown ({n} forwards, median per step; blocks in order):");
+    for (i, (name, _)) in first.iter().enumerate() {
+        let m = median(runs.iter().map(|r| r[i].1).collect());
+        total += m;
+        match by_name.iter_mut().find(|(k, _)| k == name) {
+            Some(e) => e.1 += m,
+            None => by_name.push((name, m)),
+        }
+        println!("{tag}   {i:2} {name:22} {m:9.1} us");
+    }
+    println!("{tag}   sum of medians {total:.1} us; by step:");
+    for (name, m) in by_name {
+        println!("{tag}   {name:22} {m:9.1} us  {:5.1} %", 100.0 * m / total);
+    }
+    Ok(())
+}
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -26,6 +82,7 @@ struct Args {
     device: String,
     out: Option<String>,
     reps: usize,
+    breakdown: usize,
 }
 
 fn parse() -> Res<Args> {
@@ -37,6 +94,7 @@ fn parse() -> Res<Args> {
         device: "cpu".into(),
         out: None,
         reps: 20,
+        breakdown: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -49,6 +107,7 @@ fn parse() -> Res<Args> {
             "--device" => a.device = v()?,
             "--out" => a.out = Some(v()?),
             "--reps" => a.reps = v()?.parse()?,
+            "--breakdown" => a.breakdown = v()?.parse()?,
             _ => {
                 return Err(format!("unknown argument {k} (see the example's doc comment)").into());
             }
@@ -187,12 +246,13 @@ fn main() -> Res<()> {
     let clock = Clock::new(&dev)?;
     let mut failed = false;
     for build in &a.builds {
-        let ops: Box<dyn StageOps> = match build.as_str() {
-            "candle" => Box::new(CandleOps::new(cfg.dim, DType::F16, &dev)?),
-            "wavefuse" => Box::new(WavefuseOps::new()),
+        let b = match build.as_str() {
+            "candle" => Build::Candle(CandleOps::new(cfg.dim, DType::F16, &dev)?),
+            "wavefuse" => Build::Wavefuse(WavefuseOps::new()),
             b => return Err(format!("unknown build {b}").into()),
         };
-        let y = match stage.forward(ops.as_ref(), &x) {
+        let ops = b.ops();
+        let y = match stage.forward(ops, &x) {
             Ok(y) => y,
             Err(e) => {
                 println!("{build}: {e}");
@@ -200,7 +260,7 @@ fn main() -> Res<()> {
                 continue;
             }
         };
-        let y0 = stage.forward_block(ops.as_ref(), 0, &x)?;
+        let y0 = stage.forward_block(ops, 0, &x)?;
         let (max, rms) = max_rms(&y, &ref32)?;
         let finite = y
             .to_dtype(DType::F32)?
@@ -220,13 +280,15 @@ fn main() -> Res<()> {
             println!("{build}: wrote {path}");
         }
         drop(y);
-        if a.reps == 0 {
-            continue;
-        }
-        for (part, block) in [("stage", None), ("block0", Some(0)), ("block1", Some(1))] {
+        let parts: &[(&str, Option<usize>)] = if a.reps == 0 {
+            &[]
+        } else {
+            &[("stage", None), ("block0", Some(0)), ("block1", Some(1))]
+        };
+        for &(part, block) in parts {
             let mut f = || match block {
-                None => stage.forward(ops.as_ref(), &x),
-                Some(i) => stage.forward_block(ops.as_ref(), i, &x),
+                None => stage.forward(ops, &x),
+                Some(i) => stage.forward_block(ops, i, &x),
             };
             for _ in 0..3 {
                 clock.time(&mut f)?;
@@ -259,6 +321,16 @@ fn main() -> Res<()> {
                 median(times.clone()),
                 a.reps
             );
+        }
+        if a.breakdown > 0 {
+            breakdown(
+                &stage,
+                &b,
+                &x,
+                &dev,
+                a.breakdown,
+                &format!("{} {build}", a.scale),
+            )?;
         }
     }
     if failed {

@@ -36,7 +36,8 @@
 //! Every tensor operand must be contiguous and start on a 16-byte boundary
 //! of its storage (f16: an element offset that is a multiple of 8), as the
 //! kernels' vector paths read it. Anything else is an error naming the op
-//! and the argument and what to call (`.contiguous()`, `.copy()`); the
+//! and the argument and what to call (`.contiguous()`,
+//! `.force_contiguous()`); the
 //! adapter never copies behind the caller's back. Dtype and shape errors
 //! name the op and the argument too; wavefuse's own checks (widths,
 //! aliasing, devices) come back as candle errors prefixed with the op.

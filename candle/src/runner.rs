@@ -124,7 +124,7 @@ pub(crate) fn span(
     if !(start * want.size_in_bytes()).is_multiple_of(ALIGN_BYTES) {
         candle_core::bail!(
             "{op}: `{name}` starts at element {start} of its storage, not on a {ALIGN_BYTES}-byte \
-             boundary; call .copy() first"
+             boundary; call .force_contiguous() first"
         );
     }
     Ok((start, end - start))

@@ -131,14 +131,79 @@ fn missing_or_misshaped_weights_are_errors() {
     assert!(e.contains("b0.qkv.weight"), "{e}");
 }
 
+/// The wavefuse build (every kernel through the candle ops, on the
+/// emulator) against the f64 oracle, at the smallest width its LayerNorm
+/// kernels run; and against the candle build of the same stage.
 #[test]
-fn wavefuse_build_is_not_wired_yet() {
-    let t = pangu::weights::random_weights(&CFG, 5, 1.0).unwrap();
+fn wavefuse_stage_matches_f64_oracle() {
+    let cfg = StageConfig::TINY192;
     let dev = Device::Cpu;
-    let stage = Stage::load(CFG, &t, &dev, DType::F16).unwrap();
+    for (seed, blocks) in [(1u64, 2), (4, 1)] {
+        let t = pangu::weights::random_weights(&cfg, seed, 2.0).unwrap();
+        let stage = Stage::load(cfg, &t, &dev, DType::F16).unwrap();
+        let x = stage.input(&t, &dev).unwrap();
+        let x_before = to64(&x);
+        let ops = WavefuseOps::new();
+        assert_eq!(ops.name(), "wavefuse");
+        let y = if blocks == 2 {
+            stage.forward(&ops, &x).unwrap()
+        } else {
+            stage.forward_block(&ops, 0, &x).unwrap()
+        };
+        assert_eq!(to64(&x), x_before, "the stage input was written");
+        let want = oracle::stage(&cfg, &t, blocks);
+        let (max, rms) = oracle::errors(&to64(&y), &want);
+        let cops = CandleOps::new(cfg.dim, DType::F16, &dev).unwrap();
+        let yc = if blocks == 2 {
+            stage.forward(&cops, &x).unwrap()
+        } else {
+            stage.forward_block(&cops, 0, &x).unwrap()
+        };
+        let (cmax, crms) = oracle::errors(&to64(&yc), &want);
+        eprintln!(
+            "seed {seed}, {blocks} block(s): wavefuse max {max:.4} rms {rms:.5}; candle max {cmax:.4} rms {crms:.5}"
+        );
+        assert!(
+            max < MAX_TOL && rms < RMS_TOL,
+            "seed {seed}: max {max} rms {rms}"
+        );
+    }
+}
+
+/// The probe reports every step of both blocks, in order.
+#[test]
+fn probe_reports_the_steps() {
+    let cfg = StageConfig::TINY192;
+    let dev = Device::Cpu;
+    let t = pangu::weights::random_weights(&cfg, 2, 1.0).unwrap();
+    let stage = Stage::load(cfg, &t, &dev, DType::F16).unwrap();
     let x = stage.input(&t, &dev).unwrap();
     let ops = WavefuseOps::new();
-    assert_eq!(ops.name(), "wavefuse");
-    let e = stage.forward(&ops, &x).unwrap_err().to_string();
-    assert!(e.contains("not wired"), "{e}");
+    ops.probe().start(&dev).unwrap();
+    stage.forward(&ops, &x).unwrap();
+    let steps: Vec<&str> = ops.probe().finish().unwrap().iter().map(|s| s.0).collect();
+    let block = [
+        "qkv_gemm",
+        "qkv_split",
+        "scores_gemm",
+        "softmax",
+        "pv_gemm",
+        "head_merge",
+        "proj_gemm",
+        "proj_bias",
+        "unpartition_add_norm",
+        "fc1_gemm",
+        "bias_gelu",
+        "fc2_gemm",
+        "fc2_bias",
+    ];
+    let mut want = vec!["norm_partition"];
+    want.extend(block);
+    want.push("add_norm_partition");
+    want.extend(block);
+    want.push("add");
+    assert_eq!(steps, want);
+    // Off again: nothing recorded.
+    stage.forward(&ops, &x).unwrap();
+    assert!(ops.probe().finish().unwrap().is_empty());
 }
