@@ -7,7 +7,12 @@
 # here against link stubs (tools/cuda-toolkit.sh).
 #   tools/candle-bundle.sh                 # build
 #   candle-bundle/run.sh OUTDIR [PHASES] [SCALES]   # on the GPU host
-# PHASES: comma list of gen,candle,check,bench (default all); SCALES: s1,s2.
+# PHASES: comma list of tests,gen,candle,check,bench (default all); SCALES:
+# s1,s2. Knobs: CANDLE_BUILDS, CANDLE_REPS, CANDLE_BREAKDOWN (forwards with
+# the step timer), TORCH_MODES, TORCH_PARTS, TORCH_AUTOTUNE_PARTS (parts
+# timed under max-autotune, which compiles slowly), TORCH_AUTOTUNE_TIMEOUT
+# (seconds; the max-autotune phase is cut off after it), SANITIZE=0 skips
+# compute-sanitizer.
 # The stripped binary is xz-compressed: run.sh unpacks it (a GPU call
 # carries at most 64 MiB).
 set -euo pipefail
@@ -16,32 +21,64 @@ eval "$(bash tools/cuda-toolkit.sh)"
 # sm_90 PTX for wavefuse's kernels (the H200); no AMD objects in this binary.
 export WAVEFUSE_AMD_ARCHS= WAVEFUSE_PTX_ARCHS=sm_90
 cargo build --release -p wavefuse-candle --features cuda --example pangu_stage --target-dir target/cuda
+# The adapter's test binaries (CUDA cases run when WAVEFUSE_REQUIRE=cuda).
+tests=$(cargo test --release -p wavefuse-candle --features cuda --no-run --target-dir target/cuda \
+  --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"] \
+            and m["target"]["name"] in ("ops", "stage"):
+        print(m["target"]["name"] + "=" + m["executable"])')
 rm -rf candle-bundle && mkdir -p candle-bundle
 cp target/cuda/release/examples/pangu_stage candle-bundle/pangu_stage
-strip candle-bundle/pangu_stage
-echo "stripped pangu_stage: $(stat -c %s candle-bundle/pangu_stage) bytes"
-xz -T2 -6 candle-bundle/pangu_stage
+for t in $tests; do cp "${t#*=}" "candle-bundle/test_${t%%=*}"; done
+[ -f candle-bundle/test_ops ] && [ -f candle-bundle/test_stage ] || { echo "test binaries missing: $tests"; exit 1; }
+for b in pangu_stage test_ops test_stage; do
+  strip "candle-bundle/$b"
+  echo "stripped $b: $(stat -c %s "candle-bundle/$b") bytes"
+  xz -T2 -6 "candle-bundle/$b"
+done
 cp benches/pangu_ref.py candle-bundle/
 git rev-parse HEAD > candle-bundle/COMMIT 2>/dev/null || true
 cat > candle-bundle/run.sh <<'RUN'
 #!/usr/bin/env bash
-# On the GPU host: weights, candle builds, gate-2 check, timing. Logs to $1.
+# On the GPU host: adapter tests (+ memcheck), weights, candle builds,
+# gate-2 check, timing. Logs to $1.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-out="${1:?usage: run.sh OUTDIR [PHASES: gen,candle,check,bench] [SCALES: s1,s2]}"
-phase="${2:-gen,candle,check,bench}"; scales="${3:-s1,s2}"
+out="${1:?usage: run.sh OUTDIR [PHASES: tests,gen,candle,check,bench] [SCALES: s1,s2]}"
+phase="${2:-tests,gen,candle,check,bench}"; scales="${3:-s1,s2}"
 has() { [[ ",$phase," == *",$1,"* ]]; }
 py="${PYTHON:-python3}"
 # CANDLE_DEVICE=cpu with scale tiny: a smoke test of this script off the GPU.
 device="${CANDLE_DEVICE:-cuda}"
 mkdir -p "$out"
+for b in pangu_stage test_ops test_stage; do
+  [ -x "$out/$b" ] || { xz -dc "$here/$b.xz" > "$out/$b" && chmod +x "$out/$b"; }
+done
 bin="$out/pangu_stage"
-[ -x "$bin" ] || { xz -dc "$here/pangu_stage.xz" > "$bin" && chmod +x "$bin"; }
 { echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "commit: $(cat "$here/COMMIT" 2>/dev/null)"
   echo "nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
   echo "torch: $("$py" -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1)"
+  echo "compute-sanitizer: $(compute-sanitizer --version 2>&1 | tail -1)"
   echo "command: candle-bundle/run.sh $*"; } > "$out/meta.txt"
+if has tests; then
+  # CUDA required: a GPU that does not open fails the tests.
+  for t in test_ops test_stage; do
+    echo "== $t" ; WAVEFUSE_REQUIRE=cuda "$out/$t" 2>&1; echo "rc $?"
+  done > "$out/tests.txt" 2>&1
+  grep -E "^test result|^rc|FAILED|panicked" "$out/tests.txt"
+  if [ "${SANITIZE:-1}" != 0 ]; then
+    for t in test_ops test_stage; do
+      echo "== memcheck $t"
+      WAVEFUSE_REQUIRE=cuda compute-sanitizer --tool memcheck --error-exitcode 9 "$out/$t" --test-threads 1 2>&1
+      echo "rc $?"
+    done > "$out/memcheck.txt" 2>&1
+    grep -E "ERROR SUMMARY|^rc|^test result" "$out/memcheck.txt"
+  fi
+fi
 # Weights live beside the outputs; the big input tensors are not packed.
 wdir="$out/weights"; mkdir -p "$wdir"
 if has gen; then
@@ -50,21 +87,34 @@ fi
 if has candle; then
   for s in ${scales//,/ }; do
     "$bin" --scale "$s" --weights "$wdir/pangu_$s.safetensors" --device "$device" \
-      --build "${CANDLE_BUILDS:-candle,wavefuse}" --out "$wdir" --reps "${CANDLE_REPS:-30}" 2>&1 | tee -a "$out/candle.txt"
+      --build "${CANDLE_BUILDS:-candle,wavefuse}" --out "$wdir" --reps "${CANDLE_REPS:-30}" \
+      --breakdown "${CANDLE_BREAKDOWN:-10}" 2>&1 | tee -a "$out/candle.txt"
   done
 fi
 if has check; then
   "$py" "$here/pangu_ref.py" check --dir "$wdir" --scales "$scales" --device "$device" 2>&1 | tee "$out/check.txt"
 fi
 if has bench; then
-  PYTHONUNBUFFERED=1 "$py" "$here/pangu_ref.py" bench --dir "$wdir" --scales "$scales" --device "$device" \
-    --modes "${TORCH_MODES:-eager,default,max-autotune}" --parts "${TORCH_PARTS:-stage,block0,block1}" \
-    2>"$out/bench.err" | tee "$out/bench.txt"
+  modes="${TORCH_MODES:-eager,default,max-autotune}"
+  plain=$(echo "$modes" | tr ',' '\n' | grep -v '^max-autotune$' | paste -sd, -)
+  if [ -n "$plain" ]; then
+    PYTHONUNBUFFERED=1 "$py" "$here/pangu_ref.py" bench --dir "$wdir" --scales "$scales" --device "$device" \
+      --modes "$plain" --parts "${TORCH_PARTS:-stage,block0,block1}" \
+      2>>"$out/bench.err" | tee -a "$out/bench.txt"
+  fi
+  if [[ ",$modes," == *",max-autotune,"* ]]; then
+    PYTHONUNBUFFERED=1 timeout "${TORCH_AUTOTUNE_TIMEOUT:-300}" "$py" "$here/pangu_ref.py" bench --dir "$wdir" \
+      --scales "$scales" --device "$device" --modes max-autotune --parts "${TORCH_AUTOTUNE_PARTS:-stage}" \
+      2>>"$out/bench.err" | tee -a "$out/bench.txt"
+    echo "max-autotune rc ${PIPESTATUS[0]} (124: cut off by TORCH_AUTOTUNE_TIMEOUT)" | tee -a "$out/bench.txt"
+  fi
+  tail -5 "$out/bench.err"
 fi
 cp "$wdir/pangu_ref.jsonl" "$out/" 2>/dev/null
 # At most a few files come back from a device run: pack the logs (not the
 # weights and outputs).
-tar czf "$out.tgz" -C "$out" --exclude=weights --exclude=pangu_stage . && echo "packed $out.tgz"
+tar czf "$out.tgz" -C "$out" --exclude=weights --exclude=pangu_stage --exclude=test_ops --exclude=test_stage . \
+  && echo "packed $out.tgz"
 RUN
 chmod +x candle-bundle/run.sh
 du -sh candle-bundle; ls -la candle-bundle
