@@ -14,10 +14,16 @@ enum Stamp {
     Cuda(candle_core::cuda_backend::cudarc::driver::CudaEvent),
 }
 
+/// The stamps of one timed forward on one device.
+struct Run {
+    dev: Device,
+    stamps: Vec<(&'static str, Stamp)>,
+}
+
 /// Step timestamps of one forward at a time; off until [`Probe::start`].
 #[derive(Default)]
 pub struct Probe {
-    on: RefCell<Option<(Device, Vec<(&'static str, Stamp)>)>>,
+    on: RefCell<Option<Run>>,
 }
 
 impl std::fmt::Debug for Probe {
@@ -46,16 +52,19 @@ impl Probe {
     /// Starts timing the steps on `device` (the stage's).
     pub fn start(&self, device: &Device) -> Result<()> {
         let s = stamp(device)?;
-        *self.on.borrow_mut() = Some((device.clone(), vec![("start", s)]));
+        *self.on.borrow_mut() = Some(Run {
+            dev: device.clone(),
+            stamps: vec![("start", s)],
+        });
         Ok(())
     }
 
     /// Marks the end of `step` (nothing when not started).
     pub fn mark(&self, step: &'static str) -> Result<()> {
         let mut on = self.on.borrow_mut();
-        if let Some((dev, stamps)) = on.as_mut() {
-            let s = stamp(dev)?;
-            stamps.push((step, s));
+        if let Some(r) = on.as_mut() {
+            let s = stamp(&r.dev)?;
+            r.stamps.push((step, s));
         }
         Ok(())
     }
@@ -63,7 +72,7 @@ impl Probe {
     /// Stops, waits for the work, and returns each step's microseconds in
     /// order (a step marked twice appears twice).
     pub fn finish(&self) -> Result<Vec<(&'static str, f64)>> {
-        let Some((dev, stamps)) = self.on.borrow_mut().take() else {
+        let Some(Run { dev, stamps }) = self.on.borrow_mut().take() else {
             return Ok(Vec::new());
         };
         dev.synchronize()?;
