@@ -137,22 +137,27 @@ impl Clock {
         Ok(Clock::Cpu)
     }
 
-    /// Microseconds of one call of `f`.
-    fn time(&self, f: &mut dyn FnMut() -> candle_core::Result<Tensor>) -> Res<f64> {
+    /// Microseconds of one call of `f`: on the device, and on the host
+    /// to queue it (the same on the CPU; on CUDA, the device time exceeds
+    /// it unless the host is the bottleneck).
+    fn time(&self, f: &mut dyn FnMut() -> candle_core::Result<Tensor>) -> Res<(f64, f64)> {
         match self {
             Clock::Cpu => {
                 let t = Instant::now();
                 drop(f()?);
-                Ok(t.elapsed().as_secs_f64() * 1e6)
+                let us = t.elapsed().as_secs_f64() * 1e6;
+                Ok((us, us))
             }
             #[cfg(feature = "cuda")]
             Clock::Cuda(s) => {
                 use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
                 let a = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+                let t = Instant::now();
                 drop(f()?);
+                let host = t.elapsed().as_secs_f64() * 1e6;
                 let b = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
                 b.synchronize()?;
-                Ok(f64::from(a.elapsed_ms(&b)?) * 1e3)
+                Ok((f64::from(a.elapsed_ms(&b)?) * 1e3, host))
             }
         }
     }
@@ -174,6 +179,24 @@ mod pool {
                 && sys::cuDeviceGetDefaultMemPool(&mut pool, dev) == sys::CUresult::CUDA_SUCCESS
         };
         ok.then_some(pool)
+    }
+
+    /// The pool keeps freed memory across synchronisations (its default
+    /// release threshold, 0, hands it back to the driver at every
+    /// synchronisation, and every forward then maps it again), as
+    /// PyTorch's caching allocator does.
+    pub fn keep_memory() {
+        if let Some(p) = default_pool() {
+            let mut max: u64 = u64::MAX;
+            // SAFETY: RELEASE_THRESHOLD takes a u64.
+            unsafe {
+                sys::cuMemPoolSetAttribute(
+                    p,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut max as *mut u64).cast(),
+                )
+            };
+        }
     }
 
     pub fn reset_high() {
@@ -244,6 +267,13 @@ fn main() -> Res<()> {
         s32.forward(&ops, &s32.input(&t, &dev)?)?
     };
     let clock = Clock::new(&dev)?;
+    #[cfg(feature = "cuda")]
+    if a.device == "cuda" {
+        pool::keep_memory();
+        println!(
+            "stream-ordered pool: release threshold max (freed memory kept, as PyTorch's allocator)"
+        );
+    }
     let mut failed = false;
     for build in &a.builds {
         let b = match build.as_str() {
@@ -295,9 +325,11 @@ fn main() -> Res<()> {
             }
             #[cfg(feature = "cuda")]
             pool::reset_high();
-            let times = (0..a.reps)
+            let (times, host): (Vec<f64>, Vec<f64>) = (0..a.reps)
                 .map(|_| clock.time(&mut f))
-                .collect::<Res<Vec<f64>>>()?;
+                .collect::<Res<Vec<(f64, f64)>>>()?
+                .into_iter()
+                .unzip();
             #[allow(unused_mut)]
             let mut mem = String::new();
             #[cfg(feature = "cuda")]
@@ -316,9 +348,10 @@ fn main() -> Res<()> {
             }
             let min = times.iter().cloned().fold(f64::INFINITY, f64::min);
             println!(
-                "{} {part:6} {build:9} median {:10.1} us  min {min:10.1} us  ({} reps){mem}",
+                "{} {part:6} {build:9} median {:10.1} us  min {min:10.1} us  host {:8.1} us  ({} reps){mem}",
                 a.scale,
                 median(times.clone()),
+                median(host),
                 a.reps
             );
         }

@@ -17,6 +17,7 @@
 //! | [`qkv_split`] | [`QkvSplit`] | QKV split, bias added, q scaled |
 //! | [`bias_mask_add`] | [`BiasMaskAdd`] (in place) | earth bias + shift mask added to scores |
 //! | [`bias_mask_softmax`], [`bias_mask_softmax_`] | [`BiasMaskSoftmax`] | the same fused with the softmax |
+//! | [`BiasAdd::add_`] | [`BiasMaskAdd`] (in place) | a Linear's bias added to its output rows |
 //!
 //! Tensors are f16 (the GELU bias may be bf16). Index tables and shift
 //! masks ([`Plan`], [`AttnTables`]) are built once per layout on the
@@ -53,6 +54,7 @@
 mod runner;
 
 mod attn;
+mod bias;
 mod gather;
 mod gelu;
 mod layer_norm;
@@ -62,6 +64,7 @@ mod qkv;
 pub use attn::{
     AttnTables, BiasMaskAdd, BiasMaskSoftmax, bias_mask_add, bias_mask_softmax, bias_mask_softmax_,
 };
+pub use bias::BiasAdd;
 pub use gather::{
     AddLayerNormGather, Gather, LayerNormGather, Plan, add_layer_norm_gather, gather,
     layer_norm_gather,

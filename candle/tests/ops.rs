@@ -345,6 +345,60 @@ fn bias_gelu_f16_and_bf16_bias() {
     );
 }
 
+/// The Linear bias add through tiles of the bias + mask-add kernel is
+/// candle's f16 broadcast add, bit for bit, at both stage widths.
+#[test]
+fn bias_add_matches_candle() {
+    for (seed, rows, w) in [(81u64, 480, 192), (82, 96, 384)] {
+        let mut rng = Rng(seed);
+        let x = rng.halves(&[rows, w], 3.0, 0.0);
+        let b = rng.halves(&[w], 1.0, 0.0);
+        on_devices(
+            "bias_add",
+            |dev| {
+                let op = wavefuse_candle::BiasAdd::new(&b.to_device(dev).unwrap(), rows).unwrap();
+                let (whole, xv) = embedded(&x, 8, dev);
+                op.add_(&xv).unwrap();
+                guards_intact(&whole, 8);
+                let e = op.add_(&xv.t().unwrap()).unwrap_err().to_string();
+                assert!(e.contains("not contiguous"), "{e}");
+                vec![xv]
+            },
+            |o| assert_eq!(o[0], halves_of(&x.broadcast_add(&b).unwrap())),
+        );
+    }
+    // No tile side fits 7 rows of 192.
+    let b = Tensor::zeros(192, DType::F16, &Device::Cpu).unwrap();
+    let e = wavefuse_candle::BiasAdd::new(&b, 7)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no tile side"), "{e}");
+}
+
+/// The augmented MLP channel: `gelu(8 + 0) = 8` exactly, `gelu(0) = 0`, on
+/// every device (what folds the second bias into the second GEMM).
+#[test]
+fn gelu_of_the_augmented_channel_is_exact() {
+    let mut x = vec![f16::ZERO; 16 * 8];
+    x[3] = f16::from_f32(-0.0);
+    let x = Tensor::from_vec(x, (16, 8), &Device::Cpu).unwrap();
+    let mut b = vec![f16::ZERO; 8];
+    b[0] = f16::from_f32(8.0);
+    let b = Tensor::from_vec(b, 8, &Device::Cpu).unwrap();
+    for dev in devices() {
+        let y = wavefuse_candle::bias_gelu(
+            &x.to_device(&dev).unwrap(),
+            &b.to_device(&dev).unwrap(),
+            GeluMode::Erf,
+        )
+        .unwrap();
+        for (i, v) in halves_of(&y).iter().enumerate() {
+            let want = if i % 8 == 0 { 8.0 } else { 0.0 };
+            assert_eq!(v.to_f32(), want, "{dev:?} element {i}");
+        }
+    }
+}
+
 #[test]
 fn qkv_split_matches_candle() {
     let (windows, heads, t) = (2, 6, 144);

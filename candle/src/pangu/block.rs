@@ -12,16 +12,11 @@
 //! pending so that the next block's entry can fuse it with its LayerNorm
 //! and partition.
 use super::config::{HEAD_DIM, StageConfig};
-use super::ops::StageOps;
+use super::ops::{StageOps, matmul_t};
 use super::tables::Windowing;
 use super::weights::BlockWeights;
 use candle_core::{DType, Device, Result, Tensor};
 use std::collections::HashMap;
-
-/// `x W^T` (candle's GEMM: cuBLAS on CUDA).
-fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    x.matmul(&w.t()?)
-}
 
 /// One block: its windowing and parameters.
 #[derive(Debug)]
@@ -52,22 +47,7 @@ impl Block {
             self.heads,
             &self.win,
         )?;
-        let a = matmul_t(&o, &self.w.proj_w)?;
-        ops.mark("proj_gemm")?;
-        let a = a.broadcast_add(&self.w.proj_b)?;
-        ops.mark("proj_bias")?;
-        Ok(a)
-    }
-
-    fn mlp(&self, ops: &dyn StageOps, h: &Tensor) -> Result<Tensor> {
-        let a = matmul_t(h, &self.w.fc1_w)?;
-        ops.mark("fc1_gemm")?;
-        let a = ops.bias_gelu(&a, &self.w.fc1_b)?;
-        let m = matmul_t(&a, &self.w.fc2_w)?;
-        ops.mark("fc2_gemm")?;
-        let m = m.broadcast_add(&self.w.fc2_b)?;
-        ops.mark("fc2_bias")?;
-        Ok(m)
+        ops.proj(&o, &self.w, &self.win)
     }
 
     /// Runs the block on the residual `x` `[N, C]`, with `pending` the
@@ -86,7 +66,7 @@ impl Block {
         };
         let a = self.attention(ops, &h)?;
         let (x, h) = ops.unpartition_add_norm(&x, &a, &self.win)?;
-        let m = self.mlp(ops, &h)?;
+        let m = ops.mlp(&h, &self.w)?;
         Ok((x, m))
     }
 }

@@ -2,9 +2,10 @@
 //! reshape/permute window partition, broadcast adds, candle-nn's LayerNorm
 //! and softmax (f32 inside, f16 out).
 use super::config::{HEAD_DIM, LN_EPS};
-use super::ops::{Affine, StageOps};
+use super::ops::{Affine, StageOps, matmul_t};
 use super::probe::Probe;
 use super::tables::Windowing;
+use super::weights::BlockWeights;
 use candle_core::{D, DType, Result, Tensor};
 
 /// candle's own ops.
@@ -164,10 +165,24 @@ impl StageOps for CandleOps {
         Ok((x, h))
     }
 
-    fn bias_gelu(&self, h: &Tensor, bias: &Tensor) -> Result<Tensor> {
-        let y = h.broadcast_add(bias)?.gelu_erf()?;
+    fn proj(&self, o: &Tensor, w: &BlockWeights, _win: &Windowing) -> Result<Tensor> {
+        let a = matmul_t(o, &w.proj_w)?;
+        self.mark("proj_gemm")?;
+        let a = a.broadcast_add(&w.proj_b)?;
+        self.mark("proj_bias")?;
+        Ok(a)
+    }
+
+    fn mlp(&self, h: &Tensor, w: &BlockWeights) -> Result<Tensor> {
+        let a = matmul_t(h, &w.fc1_w)?;
+        self.mark("fc1_gemm")?;
+        let a = a.broadcast_add(&w.fc1_b)?.gelu_erf()?;
         self.mark("bias_gelu")?;
-        Ok(y)
+        let m = matmul_t(&a, &w.fc2_w)?;
+        self.mark("fc2_gemm")?;
+        let m = m.broadcast_add(&w.fc2_b)?;
+        self.mark("fc2_bias")?;
+        Ok(m)
     }
 
     fn add(&self, x: &Tensor, d: &Tensor) -> Result<Tensor> {

@@ -7,7 +7,13 @@
 //! is `[N, C]` in grid order (`N = Z * H * W`); windowed tokens are
 //! `[windows * T, C]` in [`wavefuse_shared::window::WindowPlan`]'s order.
 use super::tables::Windowing;
+use super::weights::BlockWeights;
 use candle_core::{Result, Tensor};
+
+/// `x W^T` (candle's GEMM: cuBLAS on CUDA).
+pub fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    x.matmul(&w.t()?)
+}
 
 /// A LayerNorm's affine parameters, `[C]` each, and the two packed as the
 /// wavefuse ops take them.
@@ -80,6 +86,15 @@ pub trait StageOps {
         win: &Windowing,
     ) -> Result<Tensor>;
 
+    /// The output projection of the merged heads `o` `[windows * T, C]`:
+    /// `o Wproj^T + bproj` (the GEMM is candle's in every build).
+    fn proj(&self, o: &Tensor, w: &BlockWeights, win: &Windowing) -> Result<Tensor>;
+
+    /// The MLP on `h` `[N, C]` (norm2's affine already folded into the
+    /// first Linear): `gelu(h W1^T + b1) W2^T + b2`, exact GELU (the GEMMs
+    /// are candle's in every build).
+    fn mlp(&self, h: &Tensor, w: &BlockWeights) -> Result<Tensor>;
+
     /// The attention branch `[windows * T, C]` back to grid order (reverse
     /// partition, roll back, crop), added to the residual: returns
     /// `(x + branch, LayerNorm(x + branch))` (no affine: norm2's is folded
@@ -92,10 +107,7 @@ pub trait StageOps {
         win: &Windowing,
     ) -> Result<(Tensor, Tensor)>;
 
-    /// `gelu(h + bias)` (exact, erf) over the MLP's first Linear output
-    /// without its bias.
-    fn bias_gelu(&self, h: &Tensor, bias: &Tensor) -> Result<Tensor>;
-
-    /// The last residual add, `x + d`.
+    /// The last residual add, `x + d`; `x` is a residual the stage made
+    /// (a build may update it in place and return it).
     fn add(&self, x: &Tensor, d: &Tensor) -> Result<Tensor>;
 }

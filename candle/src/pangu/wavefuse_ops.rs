@@ -1,7 +1,5 @@
 //! The stage with wavefuse's kernels wherever one applies, on candle's
-//! stream and candle's memory (the crate's ops). The GEMMs, the two Linear
-//! bias adds after a GEMM and the last residual add stay candle's (no
-//! wavefuse kernel does a plain add).
+//! stream and candle's memory (the crate's ops); the GEMMs stay candle's.
 //!
 //! | step | wavefuse kernels |
 //! |---|---|
@@ -9,15 +7,19 @@
 //! | `add_norm_partition` | `add_layer_norm_gather` (affine; residual updated in place) |
 //! | `attention` | `qkv_split` (bias added, q scaled); candle's `q k^T`; `bias_mask_softmax` in place over the scores; candle's `p v`; `gather` through the head-merge plan (32-channel tokens `[w, h, t]` -> `[w, t, h]`) |
 //! | `unpartition_add_norm` | `gather` through the reverse plan, `add_layer_norm_to` (no affine; the stage input is never written) |
-//! | `bias_gelu` | `bias_gelu` (erf) |
+//! | `proj` | candle's GEMM, then `bias_mask_add` as a bias add ([`BiasAdd`]) in place |
+//! | `mlp` | candle's GEMMs; `bias_gelu` (erf); the second bias inside the second GEMM ([`crate::pangu::weights::MlpAug`]) |
+//! | `add` | `add_layer_norm` in place (its LayerNorm output unused) |
 //!
-//! Launches per block: 7 wavefuse kernels and 7 candle ones (5 GEMMs, 2
-//! bias adds), plus the stage's last add.
+//! Launches per block: 8 wavefuse kernels and 6 candle GEMMs, plus the
+//! stage's last add. No candle element-wise op runs: candle's broadcast
+//! and strided ops upload their layout with every launch.
 use super::config::{HEAD_DIM, LN_EPS};
-use super::ops::{Affine, StageOps};
+use super::ops::{Affine, StageOps, matmul_t};
 use super::probe::Probe;
 use super::tables::Windowing;
-use crate::{AttnTables, GeluMode, Plan};
+use super::weights::BlockWeights;
+use crate::{AttnTables, BiasAdd, GeluMode, Plan};
 use candle_core::{Result, Tensor};
 use std::sync::OnceLock;
 
@@ -30,6 +32,9 @@ pub struct Tables {
     attn: AttnTables,
     /// The head-merge plan and its number of heads.
     merge: OnceLock<(usize, Plan)>,
+    /// The output projection's bias add, and the id of the bias tensor
+    /// it was built from.
+    proj_bias: OnceLock<(candle_core::TensorId, BiasAdd)>,
 }
 
 impl Tables {
@@ -41,7 +46,22 @@ impl Tables {
             reverse: Plan::new(&p.reverse_table(), p.n_tokens_out(), dev)?,
             attn: AttnTables::from_plan(p, dev)?,
             merge: OnceLock::new(),
+            proj_bias: OnceLock::new(),
         })
+    }
+
+    /// The bias add of `bias` over the windowed tokens, built on first use.
+    fn proj_bias(&self, win: &Windowing, bias: &Tensor) -> Result<&BiasAdd> {
+        if self.proj_bias.get().is_none() {
+            let b = BiasAdd::new(bias, win.n_windows() * win.tokens_per_window())?;
+            let _ = self.proj_bias.set((bias.id(), b));
+        }
+        match self.proj_bias.get() {
+            Some((id, b)) if *id == bias.id() => Ok(b),
+            _ => {
+                candle_core::bail!("windowing: its projection bias add was built for another bias")
+            }
+        }
     }
 
     /// The head merge of `p v` for `heads` heads: output token `(w, t, h)`
@@ -159,15 +179,31 @@ impl StageOps for WavefuseOps {
         Ok(r)
     }
 
-    fn bias_gelu(&self, h: &Tensor, bias: &Tensor) -> Result<Tensor> {
-        let y = crate::bias_gelu(h, bias, GeluMode::Erf)?;
+    fn proj(&self, o: &Tensor, w: &BlockWeights, win: &Windowing) -> Result<Tensor> {
+        let a = matmul_t(o, &w.proj_w)?;
+        self.mark("proj_gemm")?;
+        win.wavefuse()?.proj_bias(win, &w.proj_b)?.add_(&a)?;
+        self.mark("proj_bias")?;
+        Ok(a)
+    }
+
+    fn mlp(&self, h: &Tensor, w: &BlockWeights) -> Result<Tensor> {
+        let m = &w.mlp_aug;
+        let a = matmul_t(h, &m.fc1_w)?;
+        self.mark("fc1_gemm")?;
+        let a = crate::bias_gelu(&a, &m.fc1_b, GeluMode::Erf)?;
         self.mark("bias_gelu")?;
+        // The second bias is in the GEMM (the augmented channel).
+        let y = matmul_t(&a, &m.fc2_w)?;
+        self.mark("fc2_gemm")?;
         Ok(y)
     }
 
     fn add(&self, x: &Tensor, d: &Tensor) -> Result<Tensor> {
-        let y = (x + d)?;
+        // add_layer_norm in place; its LayerNorm output is not needed, but
+        // the kernel still beats candle's add.
+        crate::add_layer_norm(x, d, None, LN_EPS)?;
         self.mark("add")?;
-        Ok(y)
+        Ok(x.clone())
     }
 }

@@ -39,6 +39,56 @@ pub struct BlockWeights {
     pub fc2_w: Tensor,
     /// MLP second bias `[C]`.
     pub fc2_b: Tensor,
+    /// The MLP with its second bias inside the GEMM (see [`MlpAug`]).
+    pub mlp_aug: MlpAug,
+}
+
+/// The value of the MLP's augmented channel: `gelu(8) = 8` exactly in f16
+/// (`erf(8 / sqrt 2)` is 1 in f32), and `b2 / 8` is `b2` scaled by a power
+/// of two.
+pub const AUG: f64 = 8.0;
+
+/// The MLP with its second Linear's bias folded into the GEMM, so that the
+/// output is rounded once (as PyTorch's `addmm`) and no bias add runs:
+/// the first Linear gets 8 more outputs (zero weights; biases `AUG`, then
+/// zeros), whose GELUs are exactly `AUG` and 0; the second Linear gets 8
+/// more inputs (weights `b2 / AUG`, then zeros).
+#[derive(Debug)]
+pub struct MlpAug {
+    /// `[4C + 8, C]`.
+    pub fc1_w: Tensor,
+    /// `[4C + 8]`.
+    pub fc1_b: Tensor,
+    /// `[C, 4C + 8]`.
+    pub fc2_w: Tensor,
+}
+
+impl MlpAug {
+    fn new(fc1_w: &Tensor, fc1_b: &Tensor, fc2_w: &Tensor, fc2_b: &Tensor) -> Result<MlpAug> {
+        let (hid, c) = fc1_w.dims2()?;
+        let (dev, dt) = (fc1_w.device(), fc1_w.dtype());
+        let fc1_w = Tensor::cat(&[fc1_w, &Tensor::zeros((8, c), dt, dev)?], 0)?;
+        let mut extra = vec![0f32; 8];
+        extra[0] = AUG as f32;
+        let extra = Tensor::from_vec(extra, 8, dev)?.to_dtype(dt)?;
+        let fc1_b = Tensor::cat(&[fc1_b, &extra], 0)?;
+        let col = (fc2_b.to_dtype(DType::F64)? / AUG)?
+            .to_dtype(dt)?
+            .unsqueeze(1)?;
+        let fc2_w = Tensor::cat(&[fc2_w, &col, &Tensor::zeros((c, 7), dt, dev)?], 1)?;
+        if fc2_w.dims() != [c, hid + 8] {
+            candle_core::bail!(
+                "mlp_aug: fc2 is {:?}, expected [{c}, {}]",
+                fc2_w.dims(),
+                hid + 8
+            );
+        }
+        Ok(MlpAug {
+            fc1_w,
+            fc1_b,
+            fc2_w,
+        })
+    }
 }
 
 fn get<'a>(t: &'a HashMap<String, Tensor>, name: &str, dims: &[usize]) -> Result<&'a Tensor> {
@@ -93,6 +143,10 @@ impl BlockWeights {
             &n("earth_bias"),
             &[bias_table_rows(cfg.window), win.n_types(), cfg.heads],
         )?;
+        let (fc1_w, fc1_b) = (dev(&fc1_w)?, dev(&fc1_b)?);
+        let fc2_w = dev(get(t, &n("fc2.weight"), &[c, hid])?)?;
+        let fc2_b = dev(get(t, &n("fc2.bias"), &[c])?)?;
+        let mlp_aug = MlpAug::new(&fc1_w, &fc1_b, &fc2_w, &fc2_b)?;
         Ok(BlockWeights {
             norm1: Affine::new(
                 dev(get(t, &n("norm1.weight"), &[c])?)?,
@@ -103,10 +157,11 @@ impl BlockWeights {
             earth_bias: dev(&expand_earth_bias(table, cfg.window)?)?,
             proj_w: dev(get(t, &n("proj.weight"), &[c, c])?)?,
             proj_b: dev(get(t, &n("proj.bias"), &[c])?)?,
-            fc1_w: dev(&fc1_w)?,
-            fc1_b: dev(&fc1_b)?,
-            fc2_w: dev(get(t, &n("fc2.weight"), &[c, hid])?)?,
-            fc2_b: dev(get(t, &n("fc2.bias"), &[c])?)?,
+            fc1_w,
+            fc1_b,
+            fc2_w,
+            fc2_b,
+            mlp_aug,
         })
     }
 }
