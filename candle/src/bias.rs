@@ -15,10 +15,9 @@ use candle_core::{Device, Result, Tensor};
 /// multiple of `width` and of which `rows * width` is a whole number of
 /// tiles.
 fn tile_side(rows: usize, width: usize) -> Option<usize> {
-    (1..=36)
-        .rev()
-        .map(|k| 4 * k)
-        .find(|t| width > 0 && (t * t) % width == 0 && (rows * width) % (t * t) == 0)
+    (1..=36usize).rev().map(|k| 4 * k).find(|t| {
+        width > 0 && (t * t).is_multiple_of(width) && (rows * width).is_multiple_of(t * t)
+    })
 }
 
 /// A bias of `C` elements to add to `rows` rows: its tile and tables,
