@@ -214,6 +214,9 @@ fn run(
     }
     c.finite_nonneg(eps, "eps")?;
     let (g, b) = Affine::check(affine, &c, width, &[(&ys, "y"), (&rout, rout_name)])?;
+    if rows == 0 {
+        return Ok(());
+    }
     let grid = c.grid(rows, shape.blocks_for(rows), shape.block)?;
     let l = Launch {
         grid: (grid, 1),

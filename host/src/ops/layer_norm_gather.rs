@@ -77,6 +77,9 @@ pub fn layer_norm_gather(
     c.finite_nonneg(eps, "eps")?;
     let (g, b) = Affine::check(affine, &c, width, &[(&os, "out")])?;
     let n_out = plan.len();
+    if n_out == 0 {
+        return Ok(());
+    }
     let l = row_launch(&c, n_out, layout.blocks_for(n_out))?;
     // SAFETY: the table was validated against n_src and lives as long as
     // `plan`; extents, alignment and aliasing checked above.
