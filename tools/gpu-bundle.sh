@@ -3,7 +3,7 @@
 # harness and PyTorch peers on a GPU host with no Rust toolchain
 # (glibc >= 2.36). Release builds, stripped.
 #   tools/gpu-bundle.sh            # build
-#   bundle/run.sh OUTDIR [quick]   # on the GPU host
+#   bundle/run.sh OUTDIR [PHASES] [full|quick]   # on the GPU host
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf bundle && mkdir -p bundle/bin
@@ -40,7 +40,7 @@ set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 all_args="$*"
 export WAVEFUSE_SUITE_BIN="$here/bin/wavefuse-suite"  # for the golden-mode tests
-out="${1:?usage: run.sh OUTDIR [PHASES: suite,sanitize,profile,bench] [full|quick|nopeers] [PEER_FLAGS...]}"; phase="${2:-suite,sanitize,bench}"; mode="${3:-full}"
+out="${1:?usage: run.sh OUTDIR [PHASES: suite,sanitize,soak,profile,bench] [full|quick|nopeers] [PEER_FLAGS...]}"; phase="${2:-suite,sanitize,soak,bench}"; mode="${3:-full}"
 has() { [[ ",$phase," == *",$1,"* ]]; }
 shift $(( $# < 3 ? $# : 3 )); peer_flags=("$@")
 mkdir -p "$out"
@@ -48,15 +48,22 @@ mkdir -p "$out"
   echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
   echo "nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | head -1)"
   echo "command: tools/gpu-bundle.sh && bundle/run.sh $all_args"; } > "$out/meta.txt" 2>&1
+# The backends each test binary's kernel tests ran on (tests/common/mod.rs
+# appends one line per binary), and the ones that must open: a GPU run that
+# silently falls back to the emulator fails instead of passing.
+backends_of() { grep -E "^$1: " "$2" 2>/dev/null | tail -1 | sed -E "s/^$1: //" || true; }
 if has suite; then
 pass=0; fail=0
+export WAVEFUSE_REQUIRE="${WAVEFUSE_REQUIRE:-cuda,cpu64,cpu32}"
+echo "suite: WAVEFUSE_REQUIRE=$WAVEFUSE_REQUIRE" | tee -a "$out/suite.txt"
 for t in "$here"/bin/test-*; do
   n=$(basename "$t")
   # static AMD checks need llvm-tools: they run in CI, not here
   [ "$n" = "test-amd_static" ] && continue
-  if "$t" --test-threads=4 > "$out/$n.log" 2>&1; then s=ok; else s=FAILED; fi
+  if WAVEFUSE_BACKENDS_LOG="$out/backends.txt" "$t" --test-threads=4 > "$out/$n.log" 2>&1; then s=ok; else s=FAILED; fi
   r=$(grep -E "^test result:" "$out/$n.log" | tail -1)
-  echo "$n: $s  $r" | tee -a "$out/suite.txt"
+  b=$(backends_of "$n" "$out/backends.txt")
+  echo "$n: $s  $r  [${b:-backends not reported: no common::devices() call}]" | tee -a "$out/suite.txt"
   p=$(echo "$r" | sed -nE 's/.* ([0-9]+) passed.*/\1/p'); f=$(echo "$r" | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
   pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0}))
 done
@@ -67,15 +74,32 @@ for e in "$here"/bin/example-*; do
   echo "$n: $s  $(tail -1 "$out/$n.log")" | tee -a "$out/suite.txt"
 done
 fi
-if has sanitize && command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck racecheck; do
+if has sanitize; then
+  if ! command -v compute-sanitizer >/dev/null; then
+    echo "sanitize: compute-sanitizer not found: NOTHING was checked" | tee -a "$out/sanitizer.txt"
+  else
+  { echo "sanitize: every kernel test binary on the GPU only (WAVEFUSE_TEST_GPU_ONLY=1, WAVEFUSE_REQUIRE=cuda: a binary that cannot open CUDA fails)."
+    echo "  memcheck:  out-of-bounds and misaligned global/local/shared accesses, hardware-reported errors."
+    echo "  racecheck: shared-memory data hazards only; wavefuse's kernels use no shared (workgroup) memory, so there is nothing in them for it to inspect."
+    echo "  initcheck: reads of device global memory that was never written."
+    echo "  synccheck: invalid use of synchronization primitives (barriers, warp sync); wavefuse's kernels use no block barrier, their lane exchanges are shfl.sync over the full warp."; } | tee -a "$out/sanitizer.txt"
+  for tool in memcheck racecheck initcheck synccheck; do
     for t in "$here"/bin/test-*; do
       n=$(basename "$t"); case "$n" in test-amd_static|test-emu|test-gather_guard|test-golden_mode|test-wavefuse-suite|test-*-lib|test-hip*) continue;; esac  # no GPU work in these (golden_mode drives the harness on the CPU backend)
       [ -n "${WAVEFUSE_SANITIZE_ONLY:-}" ] && [[ ",$WAVEFUSE_SANITIZE_ONLY," != *",${n#test-},"* ]] && continue
-      WAVEFUSE_TEST_GPU_ONLY=1 compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=4 > "$out/san-$tool-$n.log" 2>&1
-      echo "$tool $n: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/san-$tool-$n.log" | tr '\n' ' ')" | tee -a "$out/sanitizer.txt"
+      log="$out/san-backends-$tool.txt"
+      WAVEFUSE_TEST_GPU_ONLY=1 WAVEFUSE_REQUIRE=cuda WAVEFUSE_BACKENDS_LOG="$log" compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=4 > "$out/san-$tool-$n.log" 2>&1
+      rc=$?
+      echo "$tool $n: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/san-$tool-$n.log" | tr '\n' ' ') [$(backends_of "$n" "$log")]" | tee -a "$out/sanitizer.txt"
     done
   done
+  fi
+fi
+if has soak; then
+  # 10^6 launches mixing every kernel on one device; device memory before,
+  # at ten checkpoints and after (src/soak.rs).
+  "$here/bin/wavefuse-suite" soak --backend "${WAVEFUSE_SOAK_BACKEND:-cuda}" --launches "${WAVEFUSE_SOAK_LAUNCHES:-1000000}" > "$out/soak.txt" 2>&1
+  echo "soak: rc=$? $(tail -1 "$out/soak.txt")" | tee -a "$out/suite.txt"
 fi
 if has profile; then
   "$here/profile.sh" "$out/profile" "${WAVEFUSE_PROFILE_KERNELS:-}"
