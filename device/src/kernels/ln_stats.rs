@@ -47,12 +47,14 @@
 //!   `|x_a - x_b| >= M 2^-12` (if `x_b` has the other sign or `|x_b| <= M/2`
 //!   the gap is at least `M/2`; otherwise both lie in `[M/2, M]`, where f16
 //!   values are at least `M 2^-12` apart). So `|mu| <= M <= 2^12 sqrt(2W)
-//!   sigma <= 2^17.3 sigma` (W = 768), and `|mu| R <= 2^17.3`. A mean error
-//!   of `a` moves every output by `a R`: here at most `2^-29.6`. (A single
-//!   f32 mean can be off by `2^-24 |mu|`, `2^-6.7` after scaling: the
-//!   19-ulp rows of mean 2048 and sigma 1. Shifting the row by one of its
-//!   own elements before an f32 sum does not bound it either: tests/
-//!   layer_norm.rs keeps a row where that is 19 ulps off.)
+//!   sigma <= 2^17.3 sigma` (W = 768), and `|mu| R <= 2^17.3`: the
+//!   absolute part of the deviation error, `2^-46.9 |mu|`, is at most
+//!   `2^-29.6` once scaled by `R`. (A single f32 mean can be off by
+//!   `2^-24 |mu|`, `2^-6.7` after scaling: the 19-ulp rows of mean 2048 and
+//!   sigma 1. Subtracting one of the row's own elements before an f32 sum
+//!   does not bound it either: tests/layer_norm.rs keeps a row where that
+//!   leaves an output near 0 several ulps off, 7 to 19 depending on the
+//!   order of the f32 sum.)
 //! - Variance: each `t^2` passes through at most 11 roundings (square,
 //!   `NV - 1` fused steps, 3 tree levels, `log2 L <= 5` group levels):
 //!   relative `11 u`; `t` itself adds `2 u`, the scale by `fl(1/W)` `2 u`,
