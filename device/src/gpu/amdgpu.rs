@@ -135,3 +135,39 @@ pub fn add_h2(a: u32, b: u32) -> u32 {
 pub fn widen2(w: u32) -> [f32; 2] {
     [h2f(w as u16), h2f((w >> 16) as u16)]
 }
+
+/// Four halves in two registers.
+#[repr(simd)]
+#[derive(Clone, Copy)]
+struct H4([f16; 4]);
+
+/// Four `f32` accumulators.
+#[repr(simd)]
+#[derive(Clone, Copy)]
+struct F4([f32; 4]);
+
+// `../shared/TOOLCHAIN.md`: gives `v_mfma_f32_16x16x16f16` on gfx90a and
+// `v_mfma_f32_16x16x16_f16` on gfx942 (`core::arch::amdgpu` has no MFMA).
+#[allow(improper_ctypes)]
+unsafe extern "C" {
+    #[link_name = "llvm.amdgcn.mfma.f32.16x16x16f16"]
+    fn amdgcn_mfma_16x16x16f16(a: H4, b: H4, c: F4, cbsz: i32, abid: i32, blgp: i32) -> F4;
+}
+
+#[inline(always)]
+pub fn mfma_16x16x16_f16(a: [u32; 2], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    // SAFETY: H4 and [u32; 2] are both 8 bytes, F4 and [f32; 4] 16; a
+    // register-only instruction the whole wavefront executes (facade
+    // contract); CBSZ/ABID/BLGP 0 = no broadcast or lane swizzle.
+    unsafe {
+        let d = amdgcn_mfma_16x16x16f16(
+            core::mem::transmute::<[u32; 2], H4>(a),
+            core::mem::transmute::<[u32; 2], H4>(b),
+            F4(c),
+            0,
+            0,
+            0,
+        );
+        core::mem::transmute::<F4, [f32; 4]>(d)
+    }
+}

@@ -34,6 +34,8 @@ mod host;
 #[cfg(not(any(target_arch = "amdgpu", target_arch = "nvptx64")))]
 use host as imp;
 
+pub mod mma;
+
 pub use wavefuse_shared::Target;
 
 /// The instruction set of this build.
