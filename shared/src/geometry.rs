@@ -29,3 +29,18 @@ pub const QKV_BLOCK: u32 = 256;
 pub const QKV_PER_THREAD: u32 = 4;
 /// QKV split: the only head dimension with a kernel.
 pub const QKV_HEAD_DIM: u32 = 32;
+
+/// Window attention: tokens per window.
+pub const ATTN_T: u32 = 144;
+/// Window attention: channels per head.
+pub const ATTN_HEAD_DIM: u32 = 32;
+/// Window attention: waves per workgroup (one workgroup per window and
+/// head; wave `w` takes the 16-row query strips `w, w + 3, w + 6`).
+pub const ATTN_WAVES: u32 = 3;
+/// Window attention: row stride of the q, k, v tiles in workgroup memory
+/// (halves): 32 + 8 of padding, so the eight 16-byte rows one `ldmatrix`
+/// phase reads (80 bytes apart) fall in distinct bank groups.
+pub const ATTN_LDS_STRIDE: u32 = 40;
+/// Window attention: workgroup memory per workgroup (bytes): the q, k and
+/// v tiles of one window and head.
+pub const ATTN_SHARED_BYTES: u32 = 3 * ATTN_T * ATTN_LDS_STRIDE * 2;

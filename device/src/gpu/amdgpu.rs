@@ -10,6 +10,8 @@ unsafe extern "C" {
     fn amdgcn_exp2(x: f32) -> f32;
     #[link_name = "llvm.amdgcn.rcp.f32"]
     fn amdgcn_rcp(x: f32) -> f32;
+    #[link_name = "llvm.amdgcn.sched.barrier"]
+    fn amdgcn_sched_barrier(mask: i32);
 }
 
 #[inline(always)]
@@ -170,4 +172,11 @@ pub fn mfma_16x16x16_f16(a: [u32; 2], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
         );
         core::mem::transmute::<F4, [f32; 4]>(d)
     }
+}
+
+#[inline(always)]
+pub fn sched_barrier() {
+    // SAFETY: a scheduling hint with no effect on execution; mask 0 lets
+    // no instruction cross it.
+    unsafe { amdgcn_sched_barrier(0) }
 }

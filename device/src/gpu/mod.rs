@@ -250,3 +250,14 @@ pub fn add_h2(a: u32, b: u32) -> u32 {
 pub fn widen2(w: u32) -> [f32; 2] {
     imp::widen2(w)
 }
+
+/// A fence for the compiler's instruction scheduler only (no instruction,
+/// no memory ordering): nothing is moved across it. On AMD
+/// `llvm.amdgcn.sched.barrier(0)`, which keeps the machine scheduler from
+/// hoisting loads far above their use when that would exceed the register
+/// budget (gfx9 builds must assume 1024-thread workgroups, hence 128
+/// VGPRs); nothing elsewhere (ptxas schedules NVIDIA code on its own).
+#[inline(always)]
+pub fn sched_barrier() {
+    imp::sched_barrier()
+}

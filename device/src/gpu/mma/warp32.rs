@@ -33,13 +33,16 @@ fn lane() -> u32 {
 }
 
 /// Address of the row lane `lane()` supplies to an `ldmatrix.x4` whose
-/// matrix `j` covers tile rows `8 * rows[j]..` and columns `8 * cols[j]..`.
+/// matrix `j` covers tile rows `8 * rows[j]..` and columns `8 * cols[j]..`
+/// (bit masks, not arrays: a lane-indexed array would live in local memory).
 #[inline(always)]
-fn row_addr(p: *const u16, stride: usize, rows: [usize; 4], cols: [usize; 4]) -> *const u16 {
-    let l = lane() as usize;
+fn row_addr(p: *const u16, stride: usize, rows: [u32; 4], cols: [u32; 4]) -> *const u16 {
+    let bits = |m: [u32; 4]| m[0] | (m[1] << 1) | (m[2] << 2) | (m[3] << 3);
+    let l = lane();
     let j = l / 8;
-    let r = 8 * rows[j] + l % 8;
-    p.wrapping_add(r * stride + 8 * cols[j])
+    let r = 8 * ((bits(rows) >> j) & 1) + l % 8;
+    let c = 8 * ((bits(cols) >> j) & 1);
+    p.wrapping_add(r as usize * stride + c as usize)
 }
 
 impl Mma for Warp32 {
