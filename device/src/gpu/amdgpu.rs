@@ -180,3 +180,12 @@ pub fn sched_barrier() {
     // no instruction cross it.
     unsafe { amdgcn_sched_barrier(0) }
 }
+
+#[inline(always)]
+pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
+    // SAFETY: caller contract (16 readable / writable, aligned bytes).
+    unsafe { dst.cast::<[u32; 4]>().write(src.cast::<[u32; 4]>().read()) }
+}
+
+#[inline(always)]
+pub fn copy_to_workgroup_wait() {}

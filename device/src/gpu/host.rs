@@ -186,3 +186,12 @@ pub fn mfma_16x16x16_f16(a: [u32; 2], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
 
 #[inline(always)]
 pub fn sched_barrier() {}
+
+#[inline(always)]
+pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
+    // SAFETY: caller contract (16 readable / writable, aligned bytes).
+    unsafe { dst.cast::<[u32; 4]>().write(src.cast::<[u32; 4]>().read()) }
+}
+
+#[inline(always)]
+pub fn copy_to_workgroup_wait() {}

@@ -261,3 +261,25 @@ pub fn widen2(w: u32) -> [f32; 2] {
 pub fn sched_barrier() {
     imp::sched_barrier()
 }
+
+/// Copies 16 bytes from global memory at `src` to workgroup memory at
+/// `dst` without passing through registers where the target can (NVIDIA
+/// `cp.async.cg.shared.global`, sm_80+: the loads stay in flight while the
+/// thread goes on); a load and a store elsewhere. The data is visible to
+/// this thread only after [`copy_to_workgroup_wait`], to the workgroup
+/// after that and a [`barrier`].
+///
+/// # Safety
+/// `src` readable for 16 bytes (global memory), `dst` writable for 16
+/// bytes of workgroup memory, both 16-byte aligned.
+#[inline(always)]
+pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
+    // SAFETY: caller contract.
+    unsafe { imp::copy_to_workgroup(dst, src) }
+}
+
+/// Waits for this thread's [`copy_to_workgroup`] copies.
+#[inline(always)]
+pub fn copy_to_workgroup_wait() {
+    imp::copy_to_workgroup_wait()
+}

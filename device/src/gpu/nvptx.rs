@@ -257,3 +257,31 @@ pub fn mma_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
 
 #[inline(always)]
 pub fn sched_barrier() {}
+
+#[inline(always)]
+pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
+    // No NVVM intrinsic takes generic pointers, hence inline PTX; not a
+    // collective, so convergence does not matter. Without `nomem` the
+    // compiler keeps memory accesses on its side of the asm.
+    // SAFETY: caller contract (`src` global, `dst` workgroup memory, 16
+    // aligned bytes each).
+    unsafe {
+        core::arch::asm!(
+            "{{",
+            ".reg .b64 s, g;",
+            "cvta.to.shared.u64 s, {d};",
+            "cvta.to.global.u64 g, {g};",
+            "cp.async.cg.shared.global [s], [g], 16;",
+            "}}",
+            d = in(reg64) dst,
+            g = in(reg64) src,
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
+#[inline(always)]
+pub fn copy_to_workgroup_wait() {
+    // SAFETY: waits for this thread's cp.async groups; no operands.
+    unsafe { core::arch::asm!("cp.async.wait_all;", options(nostack, preserves_flags)) }
+}

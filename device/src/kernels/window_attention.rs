@@ -42,6 +42,7 @@
 //! output touches memory outside the workgroup.
 use crate::gpu::mma::{MAX_ROWS, MatrixKernel, Mma};
 use crate::gpu::{self, pack2, widen2};
+use crate::vec::{V8, load8_bits, store8_bits};
 use wavefuse_shared::geometry::{ATTN_HEAD_DIM, ATTN_LDS_STRIDE, ATTN_T, ATTN_WAVES};
 
 const T: usize = ATTN_T as usize;
@@ -97,13 +98,13 @@ unsafe fn stage<const BIAS: bool>(a: &Args, lds: *mut u16, w: usize, h: usize) {
             let (t, part, c) = (i / 12, (i % 12) / 4, i % 4);
             let src = (w * T + t) * 3 * ch + part * ch + h * D + 8 * c;
             // SAFETY: the row lies in qkv (caller); 16-byte aligned.
-            v[j] = unsafe { a.qkv.add(src).cast::<[u32; 4]>().read() };
-            if BIAS {
-                // SAFETY: part * C + h * 32 + 8c < 3C; aligned (caller).
-                let b = unsafe { a.qkv_bias.add(part * ch + h * D + 8 * c).cast::<[u32; 4]>().read() };
-                for x in 0..4 {
-                    v[j][x] = gpu::add_h2(v[j][x], b[x]);
-                }
+            let x = unsafe { load8_bits(a.qkv.add(src)) };
+            // SAFETY: part * C + h * 32 + 8c < 3C; aligned (caller).
+            let b = if BIAS { unsafe { load8_bits(a.qkv_bias.add(part * ch + h * D + 8 * c)) } } else { V8([0; 4]) };
+            // Word by word (a whole-vector copy left the array in local
+            // memory on NVPTX).
+            for k in 0..4 {
+                v[j][k] = if BIAS { gpu::add_h2(x.0[k], b.0[k]) } else { x.0[k] };
             }
         }
     });
@@ -113,9 +114,35 @@ unsafe fn stage<const BIAS: bool>(a: &Args, lds: *mut u16, w: usize, h: usize) {
             let (t, part, c) = (i / 12, (i % 12) / 4, i % 4);
             // SAFETY: inside the three tiles; rows of 80 bytes keep the
             // 16-byte alignment.
-            unsafe { lds.add((part * T + t) * LS + 8 * c).cast::<[u32; 4]>().write(v[j]) };
+            unsafe { store8_bits(lds.add((part * T + t) * LS + 8 * c), V8(v[j])) };
         }
     });
+}
+
+/// [`stage`] without a QKV bias: straight copies to workgroup memory
+/// (`cp.async` on NVIDIA: no registers hold the data in flight).
+///
+/// # Safety
+/// As for [`stage`].
+#[inline(always)]
+unsafe fn copy(a: &Args, lds: *mut u16, w: usize, h: usize) {
+    let ch = a.heads as usize * D;
+    let tid = gpu::thread_id() as usize;
+    let nthreads = (ATTN_WAVES * gpu::wave_size()) as usize;
+    let mut i = tid;
+    while i < VECS {
+        let (t, part, c) = (i / 12, (i % 12) / 4, i % 4);
+        // SAFETY: the row lies in qkv, the destination in the tiles; both
+        // 16-byte aligned (caller).
+        unsafe {
+            gpu::copy_to_workgroup(
+                lds.add((part * T + t) * LS + 8 * c),
+                a.qkv.add((w * T + t) * 3 * ch + part * ch + h * D + 8 * c),
+            )
+        };
+        i += nthreads;
+    }
+    gpu::copy_to_workgroup_wait();
 }
 
 impl<const MASK: bool> MatrixKernel for Attention<MASK> {
@@ -129,7 +156,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         // SAFETY: one workgroup per (window, head) (caller).
         unsafe {
             if a.qkv_bias.is_null() {
-                stage::<false>(&a, lds, w, h)
+                copy(&a, lds, w, h)
             } else {
                 stage::<true>(&a, lds, w, h)
             }
@@ -160,7 +187,10 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
                     M::load_a(lq.add(r0 * LS + 16), LS),
                 )
             };
+            // Per 16-key tile: the scores, then z in place (its bias and mask
+            // read right there), and the max of each of the lane's rows.
             let mut s = [M::zero(); STRIPS];
+            let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
             crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
                 // SAFETY: as above.
                 let (k0, k1) = unsafe {
@@ -168,10 +198,6 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
                     (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS))
                 };
                 s[n] = M::mma(q1, k1, M::mma(q0, k0, M::zero()));
-            });
-            // z in place, and the max of each of the lane's rows.
-            let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
-            crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
                 let acc = s[n].as_mut();
                 let mut e = 0;
                 while e < M::ACC_LEN {
