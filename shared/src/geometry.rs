@@ -43,4 +43,4 @@ pub const ATTN_WAVES: u32 = 3;
 pub const ATTN_LDS_STRIDE: u32 = 40;
 /// Window attention: workgroup memory per workgroup (bytes): the q, k and
 /// v tiles of one window and head.
-pub const ATTN_SHARED_BYTES: u32 = 3 * ATTN_T * ATTN_LDS_STRIDE * 2;
+pub const ATTN_SHARED_BYTES: u32 = 3 * ATTN_T * ATTN_LDS_STRIDE * 2 + 3 * 16 * 152 * 2;

@@ -12,6 +12,8 @@ unsafe extern "C" {
     fn amdgcn_rcp(x: f32) -> f32;
     #[link_name = "llvm.amdgcn.sched.barrier"]
     fn amdgcn_sched_barrier(mask: i32);
+    #[link_name = "llvm.amdgcn.wave.barrier"]
+    fn amdgcn_wave_barrier();
 }
 
 #[inline(always)]
@@ -189,3 +191,10 @@ pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
 
 #[inline(always)]
 pub fn copy_to_workgroup_wait() {}
+
+#[inline(always)]
+pub fn wave_barrier() {
+    // SAFETY: a convergent code-motion barrier; the wavefront executes in
+    // lockstep and its LDS operations complete in order.
+    unsafe { amdgcn_wave_barrier() }
+}

@@ -195,3 +195,10 @@ pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
 
 #[inline(always)]
 pub fn copy_to_workgroup_wait() {}
+
+#[inline(always)]
+pub fn wave_barrier() {
+    // Every lane of the wave suspends here until all have arrived, as at
+    // any exchange (xor 0: each lane gets its own value back).
+    emu::collective(emu::Op::ShflXor { value: 0, mask: 0 });
+}

@@ -283,3 +283,13 @@ pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
 pub fn copy_to_workgroup_wait() {
     imp::copy_to_workgroup_wait()
 }
+
+/// Orders workgroup-memory accesses among the lanes of one wave: what a
+/// lane wrote before it is visible to the wave's other lanes after it
+/// (NVIDIA `bar.warp.sync`; AMD `wave_barrier`, the wave being in lockstep
+/// with in-order LDS; in the emulator a wave collective). Every lane of the
+/// wave must reach it.
+#[inline(always)]
+pub fn wave_barrier() {
+    imp::wave_barrier()
+}

@@ -9,6 +9,8 @@ unsafe extern "C" {
     fn shfl_sync_bfly_i32(member_mask: u32, v: u32, lane_mask: u32, clamp: u32) -> u32;
     #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
     fn shfl_sync_idx_i32(member_mask: u32, v: u32, src_lane: u32, clamp: u32) -> u32;
+    #[link_name = "llvm.nvvm.bar.warp.sync"]
+    fn bar_warp_sync(member_mask: u32);
     // `core::intrinsics::exp2f32` lowers to `ex2.approx.f32`, whose
     // subnormal handling costs four extra instructions per call; the
     // throughput-bound kernels use the flush-to-zero form directly.
@@ -284,4 +286,10 @@ pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
 pub fn copy_to_workgroup_wait() {
     // SAFETY: waits for this thread's cp.async groups; no operands.
     unsafe { core::arch::asm!("cp.async.wait_all;", options(nostack, preserves_flags)) }
+}
+
+#[inline(always)]
+pub fn wave_barrier() {
+    // SAFETY: the whole warp reaches it (facade contract).
+    unsafe { bar_warp_sync(u32::MAX) }
 }

@@ -145,6 +145,29 @@ unsafe fn copy(a: &Args, lds: *mut u16, w: usize, h: usize) {
     gpu::copy_to_workgroup_wait();
 }
 
+/// Row stride of a wave's bias strip buffer (halves; 304 bytes: the eight
+/// rows one quad-row of lanes reads fall in distinct bank groups).
+const BS: usize = 152;
+
+/// Starts copying the bias rows of query strip `strip` to this wave's
+/// buffer `buf` (16 rows of 144 halves, 16-byte pieces spread over the wave).
+///
+/// # Safety
+/// `bp` the (type, head) bias tile, `buf` 16 x BS halves of workgroup memory.
+#[inline(always)]
+unsafe fn prefetch_bias(bp: *const u16, buf: *mut u16, strip: usize) {
+    let ws = gpu::wave_size() as usize;
+    let lane = gpu::thread_id() as usize % ws;
+    let mut c = lane;
+    while c < 16 * 18 {
+        let (r, q) = (c / 18, c % 18);
+        // SAFETY: row 16 strip + r < 144 of the tile; 16-byte pieces of
+        // 16-byte aligned rows (288 and 304 bytes long).
+        unsafe { gpu::copy_to_workgroup(buf.add(r * BS + 8 * q), bp.add((16 * strip + r) * T + 8 * q)) };
+        c += ws;
+    }
+}
+
 impl<const MASK: bool> MatrixKernel for Attention<MASK> {
     #[inline(always)]
     fn run<M: Mma>(self) {
@@ -172,13 +195,19 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
                 a.mask.wrapping_add(sl as usize * T * T),
             )
         };
+        let wave = (gpu::thread_id() / gpu::wave_size()) as usize;
+        let buf = lds.wrapping_add(3 * T * LS + wave * 16 * BS);
+        // SAFETY: the wave's buffer; its first strip.
+        unsafe { prefetch_bias(bp, buf, wave) };
         gpu::barrier();
         let (lq, lk, lv) = (lds, lds.wrapping_add(T * LS), lds.wrapping_add(2 * T * LS));
         let ch = a.heads as usize * D;
-        let wave = (gpu::thread_id() / gpu::wave_size()) as usize;
         let mut strip = wave;
         while strip < STRIPS {
             let r0 = 16 * strip;
+            // The strip's bias rows, fetched during the previous strip.
+            gpu::copy_to_workgroup_wait();
+            gpu::wave_barrier();
             // SAFETY: every tile read below lies in the staged q, k, v
             // (16-byte aligned rows of LS halves in workgroup memory).
             let (q0, q1) = unsafe {
@@ -187,8 +216,8 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
                     M::load_a(lq.add(r0 * LS + 16), LS),
                 )
             };
-            // Per 16-key tile: the scores, then z in place (its bias and mask
-            // read right there), and the max of each of the lane's rows.
+            // Per 16-key tile: the scores, then z in place, and the max of
+            // each of the lane's rows.
             let mut s = [M::zero(); STRIPS];
             let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
             crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
@@ -203,15 +232,16 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
                 while e < M::ACC_LEN {
                     let i = r0 + M::acc_row(e) as usize;
                     let j = 16 * n + M::acc_col(e) as usize;
-                    // SAFETY: (i, j) and (i, j + 1) lie in the bias (and
-                    // mask) tile; j is even, so the pair is 4-byte aligned.
-                    let b = widen2(unsafe { bp.add(i * T + j).cast::<u32>().read() });
-                    let m = if MASK {
-                        // SAFETY: as above.
-                        widen2(unsafe { mp.add(i * T + j).cast::<u32>().read() })
-                    } else {
-                        [0.0; 2]
+                    // SAFETY: (i, j) and (i, j + 1) lie in the buffered bias
+                    // strip and the mask tile; j is even, so the pairs are
+                    // 4-byte aligned.
+                    let (bb, mb) = unsafe {
+                        (
+                            buf.add((i - r0) * BS + j).cast::<u32>().read(),
+                            if MASK { mp.add(i * T + j).cast::<u32>().read() } else { 0 },
+                        )
                     };
+                    let (b, m) = (widen2(bb), widen2(mb));
                     for x in 0..2 {
                         let z = if MASK {
                             gpu::fma(acc[e + x], a.scale, m[x]) + b[x]
@@ -225,6 +255,13 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
                     e += 2;
                 }
             });
+            // Every lane is done with the buffer: fetch the wave's next
+            // strip while this one finishes.
+            gpu::wave_barrier();
+            if strip + (ATTN_WAVES as usize) < STRIPS {
+                // SAFETY: as for the first strip.
+                unsafe { prefetch_bias(bp, buf, strip + ATTN_WAVES as usize) };
+            }
             let mut neg_ml = [0.0f32; MAX_ROWS];
             for r in 0..M::ROWS {
                 neg_ml[r] = -(M::row_max(mx[r]) * core::f32::consts::LOG2_E);
@@ -338,3 +375,4 @@ kernel! {
         unsafe { window_attention::<true>(qkv, qkv_bias, out, bias, mask, types, slots, heads, n_types, n_slots, scale) }
     }
 }
+
