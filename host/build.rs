@@ -1,214 +1,193 @@
-//! Builds the device crate's kernels for every configured GPU arch with a
-//! nested cargo (rustc nightly, `-Zbuild-std=core`) and embeds the results.
+//! Embeds the committed GPU code objects (`kernels/`, listed by
+//! `kernels/MANIFEST`). Nothing is compiled here and nothing is written
+//! outside `OUT_DIR`: the objects are built from `device/` by the
+//! developer command `cargo xtask kernels` (pinned nightly), so a consumer
+//! on stable Rust with no GPU toolchain builds this crate.
 //!
 //! Settings (environment variables, read at build time):
-//! - `WAVEFUSE_AMD_ARCHS`: comma-separated gfx targets (default `gfx90a,gfx942`;
-//!   empty = none).
-//! - `WAVEFUSE_AMD_CODE_OBJECT_VERSION`: 4, 5 or 6 (default 5).
-//! - `WAVEFUSE_PTX_ARCHS`: comma-separated sm targets (default `sm_80,sm_90`;
-//!   empty = none).
-//!
-//! Kernels are rebuilt only when the device or shared sources (or these
-//! settings) change; each arch keeps its own target dir under
-//! `target/gpu/<arch>`.
+//! - `WAVEFUSE_AMD_ARCHS`: comma list of the committed AMD objects to embed
+//!   (default: all; empty = none).
+//! - `WAVEFUSE_PTX_ARCHS`: the same for the committed PTX.
+//! - `WAVEFUSE_AMD_EXTRA`: `ARCH=FILE[,ARCH=FILE]`, further AMD code objects
+//!   to embed, built outside this crate (Hygon gfx936 through
+//!   `cargo xtask amd-route`; see the README).
 use std::env;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::ExitCode;
 
-/// AMD targets rustc's LLVM (22) knows in the gfx9 family and later.
-const KNOWN_AMD: &[&str] = &[
-    "gfx900",
-    "gfx902",
-    "gfx904",
-    "gfx906",
-    "gfx908",
-    "gfx909",
-    "gfx90a",
-    "gfx90c",
-    "gfx940",
-    "gfx941",
-    "gfx942",
-    "gfx950",
-    "gfx9-generic",
-    "gfx9-4-generic",
-    "gfx1010",
-    "gfx1030",
-    "gfx1100",
-    "gfx1200",
-];
-
-/// Flags for the kernel crate only (not core / compiler_builtins, which
-/// this setting breaks on AMDGPU): full unrolling of the fixed-trip row
-/// loops keeps rows in registers (without it the affine LayerNorm spills its
-/// row to local memory on NVPTX).
-const KERNEL_FLAGS: &[&str] = &["-Cllvm-args=-unroll-threshold=1000"];
-
-fn main() {
-    let manifest =
-        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = manifest
-        .parent()
-        .expect("host/ lives in the workspace")
-        .to_path_buf();
-    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    for p in [
-        "device/src",
-        "device/Cargo.toml",
-        "shared/src",
-        "shared/Cargo.toml",
-        "Cargo.toml",
-    ] {
-        println!("cargo:rerun-if-changed={}", root.join(p).display());
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("\nwavefuse build: {e}\n");
+            ExitCode::FAILURE
+        }
     }
+}
+
+/// One `object` line of the manifest.
+struct Listed {
+    arch: String,
+    file: String,
+    size: u64,
+}
+
+fn run() -> Result<(), String> {
+    let dir =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?).join("kernels");
+    let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
+    println!("cargo:rerun-if-changed={}", dir.display());
     for v in [
         "WAVEFUSE_AMD_ARCHS",
-        "WAVEFUSE_AMD_CODE_OBJECT_VERSION",
         "WAVEFUSE_PTX_ARCHS",
+        "WAVEFUSE_AMD_EXTRA",
     ] {
         println!("cargo:rerun-if-env-changed={v}");
     }
-    let amd = list("WAVEFUSE_AMD_ARCHS", "gfx90a,gfx942");
-    let ptx = list("WAVEFUSE_PTX_ARCHS", "sm_80,sm_90");
-    let cov = env::var("WAVEFUSE_AMD_CODE_OBJECT_VERSION").unwrap_or_else(|_| "5".into());
-    if !["4", "5", "6"].contains(&cov.as_str()) {
-        panic!("WAVEFUSE_AMD_CODE_OBJECT_VERSION={cov}: must be 4, 5 or 6");
-    }
-    for a in &amd {
-        if !KNOWN_AMD.contains(&a.as_str()) {
-            panic!(
-                "\n\nwavefuse: AMD arch `{a}` is unknown to rustc's LLVM (known: {KNOWN_AMD:?}).\n\
-                 Hygon DCU names (gfx926/gfx928/gfx936) exist only in the vendor's DTK LLVM.\n\
-                 Routes: (1) build for a compatible generic/gfx9 target the DTK runtime accepts;\n\
-                 (2) emit LLVM bitcode from rustc (`--emit=llvm-bc`, target amdgcn-amd-amdhsa) and\n\
-                 finish it with the DTK toolchain's llc/lld for `-mcpu={a}`; this needs DTK's LLVM\n\
-                 major version >= rustc's (22): newer LLVM reads older bitcode, never the reverse.\n"
-            );
-        }
-    }
-    let target_root = env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("gpu");
+    let manifest_path = dir.join("MANIFEST");
+    let manifest = fs::read_to_string(&manifest_path)
+        .map_err(|e| format!("read {}: {e}", manifest_path.display()))?;
+    let field = |k: &str| {
+        manifest
+            .lines()
+            .find_map(|l| l.strip_prefix(k).map(|v| v.trim().to_string()))
+            .ok_or_else(|| format!("{} has no `{k}` line", manifest_path.display()))
+    };
+    let cov: u32 = field("amd-code-object-version ")?
+        .parse()
+        .map_err(|e| format!("amd-code-object-version: {e}"))?;
+    let listed = objects(&manifest)?;
+    let amd_all: Vec<&Listed> = listed.iter().filter(|o| o.file.ends_with(".elf")).collect();
+    let ptx_all: Vec<&Listed> = listed.iter().filter(|o| o.file.ends_with(".ptx")).collect();
+    let amd = select("WAVEFUSE_AMD_ARCHS", &amd_all)?;
+    let ptx = select("WAVEFUSE_PTX_ARCHS", &ptx_all)?;
 
     let mut src = String::new();
-    writeln!(src, "/// AMD code objects: (gfx arch, ELF bytes).").ok();
-    writeln!(src, "pub static AMD: &[(&str, &[u8])] = &[").ok();
-    for a in &amd {
-        let flags = vec![
-            format!("-Ctarget-cpu={a}"),
-            format!("-Cllvm-args=--amdhsa-code-object-version={cov}"),
-        ];
-        let dir = target_root.join(format!("{a}-v{cov}"));
-        cargo_device(&root, &dir, "amdgcn-amd-amdhsa", &flags, false);
-        let elf = dir.join("amdgcn-amd-amdhsa/gpu/wavefuse_device.elf");
-        let dst = out.join(format!("wavefuse_{a}.elf"));
-        copy(&elf, &dst);
-        writeln!(
-            src,
-            "    ({a:?}, include_bytes!({:?})),",
-            dst.display().to_string()
-        )
-        .ok();
+    let w = &mut src;
+    let _ = writeln!(w, "/// AMD code objects: (gfx arch, ELF bytes).");
+    let _ = writeln!(w, "pub static AMD: &[(&str, &[u8])] = &[");
+    for o in &amd {
+        let p = checked(&dir, o)?;
+        let _ = writeln!(w, "    ({:?}, include_bytes!({p:?})),", o.arch);
     }
-    writeln!(src, "];").ok();
-    writeln!(src, "/// NVIDIA PTX: (sm arch, NUL-terminated PTX text).").ok();
-    writeln!(src, "pub static PTX: &[(&str, &str)] = &[").ok();
-    for s in &ptx {
-        if !s.starts_with("sm_") || s[3..].parse::<u32>().is_err() {
-            panic!("WAVEFUSE_PTX_ARCHS entry `{s}` is not of the form sm_NN");
+    for (arch, p) in extra(cov)? {
+        if amd.iter().any(|o| o.arch == arch) {
+            return Err(format!(
+                "WAVEFUSE_AMD_EXTRA names {arch}, which is already embedded"
+            ));
         }
-        let dir = target_root.join(s);
-        cargo_device(
-            &root,
-            &dir,
-            "nvptx64-nvidia-cuda",
-            &[format!("-Ctarget-cpu={s}")],
-            true,
-        );
-        let asm = dir.join("nvptx64-nvidia-cuda/gpu/deps/wavefuse_device.s");
-        let dst = out.join(format!("wavefuse_{s}.ptx"));
-        let mut text =
-            fs::read_to_string(&asm).unwrap_or_else(|e| panic!("read {}: {e}", asm.display()));
-        text.push('\0');
-        fs::write(&dst, text).unwrap_or_else(|e| panic!("write {}: {e}", dst.display()));
-        writeln!(
-            src,
-            "    ({s:?}, include_str!({:?})),",
-            dst.display().to_string()
-        )
-        .ok();
+        let _ = writeln!(w, "    ({arch:?}, include_bytes!({p:?})),");
     }
-    writeln!(src, "];").ok();
-    writeln!(
-        src,
-        "/// AMD code object version the ELFs were written with."
-    )
-    .ok();
-    writeln!(src, "pub const AMD_CODE_OBJECT_VERSION: u32 = {cov};").ok();
-    fs::write(out.join("objects.rs"), src).expect("write objects.rs");
+    let _ = writeln!(w, "];");
+    let _ = writeln!(w, "/// NVIDIA PTX: (sm arch, NUL-terminated PTX text).");
+    let _ = writeln!(w, "pub static PTX: &[(&str, &str)] = &[");
+    for o in &ptx {
+        let p = checked(&dir, o)?;
+        let _ = writeln!(
+            w,
+            "    ({:?}, concat!(include_str!({p:?}), \"\\0\")),",
+            o.arch
+        );
+    }
+    let _ = writeln!(w, "];");
+    let _ = writeln!(w, "/// AMD code object version the ELFs were written with.");
+    let _ = writeln!(w, "pub const AMD_CODE_OBJECT_VERSION: u32 = {cov};");
+    let dst = out.join("objects.rs");
+    fs::write(&dst, src).map_err(|e| format!("write {}: {e}", dst.display()))
 }
 
-fn list(var: &str, default: &str) -> Vec<String> {
-    env::var(var)
-        .unwrap_or_else(|_| default.into())
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
+/// The manifest's `object FILE size=N sha256=H` lines.
+fn objects(manifest: &str) -> Result<Vec<Listed>, String> {
+    manifest
+        .lines()
+        .filter_map(|l| l.strip_prefix("object "))
+        .map(|l| {
+            let mut it = l.split_whitespace();
+            let file = it.next().unwrap_or_default().to_string();
+            let size = it
+                .find_map(|t| t.strip_prefix("size="))
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| format!("MANIFEST: no size in `object {l}`"))?;
+            let arch = file
+                .rsplit_once('.')
+                .map(|(a, _)| a.to_string())
+                .ok_or_else(|| format!("MANIFEST: `{file}` has no extension"))?;
+            Ok(Listed { arch, file, size })
+        })
         .collect()
 }
 
-fn copy(from: &Path, to: &Path) {
-    fs::copy(from, to)
-        .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), to.display()));
+/// The committed objects a setting keeps (all when unset).
+fn select<'a>(var: &str, all: &[&'a Listed]) -> Result<Vec<&'a Listed>, String> {
+    let Ok(v) = env::var(var) else {
+        return Ok(all.to_vec());
+    };
+    let committed: Vec<&str> = all.iter().map(|o| o.arch.as_str()).collect();
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|a| {
+            all.iter().copied().find(|o| o.arch == a).ok_or_else(|| {
+                format!(
+                    "{var}={v}: `{a}` is not among the committed objects {committed:?}.\n\
+                     The committed set is built by `cargo xtask kernels` (xtask/src/recipe.rs).\n\
+                     An AMD arch rustc's LLVM does not know (Hygon gfx926/928/936) takes the\n\
+                     bitcode route: `cargo xtask amd-route --mcpu {a} --llc VENDOR_LLC --ld-lld\n\
+                     VENDOR_LD_LLD`, then WAVEFUSE_AMD_EXTRA={a}=FILE (README: Hygon gfx936)."
+                )
+            })
+        })
+        .collect()
 }
 
-fn cargo_device(root: &Path, target_dir: &Path, target: &str, flags: &[String], ptx: bool) {
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(root)
-        .args([
-            "rustc",
-            "-p",
-            "wavefuse-device",
-            "--profile",
-            "gpu",
-            "--target",
-            target,
-        ])
-        .args(["-Zbuild-std=core", "--crate-type", "cdylib"])
-        .arg("--target-dir")
-        .arg(target_dir)
-        .arg("--")
-        .args(KERNEL_FLAGS);
-    if ptx {
-        // No bitcode linker here: the fat-LTO module emitted as assembly is
-        // the complete PTX; `-Clinker=true` skips the link step.
-        cmd.args(["--emit=asm", "-Clinker=true"]);
+/// A committed object's path, after checking it is the listed size (a
+/// missing or truncated file, such as an unfetched LFS pointer, fails here
+/// rather than at load time on a GPU).
+fn checked(dir: &Path, o: &Listed) -> Result<String, String> {
+    let p = dir.join(&o.file);
+    let len = fs::metadata(&p)
+        .map_err(|e| format!("{}: {e}", p.display()))?
+        .len();
+    if len != o.size {
+        return Err(format!(
+            "{} is {len} bytes, MANIFEST says {}: run `cargo xtask kernels`",
+            p.display(),
+            o.size
+        ));
     }
-    // The outer build's environment (wrappers such as clippy-driver, its
-    // flags, profile and cfg variables) must not leak into the device
-    // build: one of them makes compiler_builtins fail on AMDGPU. Start from
-    // an empty environment and keep only what locates the toolchain.
-    cmd.env_clear();
-    for v in [
-        "PATH",
-        "HOME",
-        "RUSTUP_HOME",
-        "CARGO_HOME",
-        "RUSTUP_TOOLCHAIN",
-        "TMPDIR",
-    ] {
-        if let Some(val) = env::var_os(v) {
-            cmd.env(v, val);
+    Ok(p.display().to_string())
+}
+
+/// `WAVEFUSE_AMD_EXTRA`: (arch, absolute path) of each extra ELF, checked
+/// to be an AMDGPU HSA code object of the embedded version.
+fn extra(cov: u32) -> Result<Vec<(String, String)>, String> {
+    let Ok(v) = env::var("WAVEFUSE_AMD_EXTRA") else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (arch, file) = item
+            .split_once('=')
+            .ok_or_else(|| format!("WAVEFUSE_AMD_EXTRA: `{item}` is not ARCH=FILE"))?;
+        let p = fs::canonicalize(file).map_err(|e| format!("WAVEFUSE_AMD_EXTRA {file}: {e}"))?;
+        println!("cargo:rerun-if-changed={}", p.display());
+        let b = fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        // e_ident: magic, EI_OSABI 64 = AMDGPU_HSA, EI_ABIVERSION = v - 2;
+        // e_machine 224 = EM_AMDGPU.
+        let ok = b.len() > 20
+            && &b[..4] == b"\x7fELF"
+            && b[7] == 64
+            && u32::from(b[8]) + 2 == cov
+            && u16::from_le_bytes([b[18], b[19]]) == 224;
+        if !ok {
+            return Err(format!(
+                "WAVEFUSE_AMD_EXTRA {}: not an AMDGPU HSA code object v{cov}",
+                p.display()
+            ));
         }
+        out.push((arch.to_string(), p.display().to_string()));
     }
-    cmd.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"));
-    let status = cmd
-        .status()
-        .unwrap_or_else(|e| panic!("could not run cargo for {target}: {e}"));
-    if !status.success() {
-        panic!("device build for {target} ({flags:?}) failed: {status}");
-    }
+    Ok(out)
 }

@@ -9,9 +9,10 @@ cd "$(dirname "$0")/.."
 rm -rf bundle && mkdir -p bundle/bin
 cargo build --release --bin wavefuse-suite
 cp target/release/wavefuse-suite bundle/bin/
-# Every integration-test binary of the workspace, release profile.
-{ cargo test --release --workspace --no-run --message-format=json 2>/dev/null
-  cargo bench --workspace --no-run --message-format=json 2>/dev/null; } \
+# Every test binary of the workspace, release profile (not the xtask's: its
+# manifest test reads the checkout, which the GPU host does not have).
+{ cargo test --release --workspace --exclude xtask --no-run --message-format=json 2>/dev/null
+  cargo bench --workspace --exclude xtask --no-run --message-format=json 2>/dev/null; } \
   | python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:
@@ -28,9 +29,10 @@ for line in sys.stdin:
 cargo build --release -p wavefuse --examples
 for e in host/examples/*.rs; do n=$(basename "$e" .rs); cp "target/release/examples/$n" "bundle/bin/example-$n"; done
 strip bundle/bin/* 2>/dev/null || true
-# The PTX the release build embedded, for the profile phase (ptxas -v, SASS).
+# The PTX the build embedded (the committed object), for the profile phase
+# (ptxas -v, SASS) and peers.py --wavefuse-ptx.
 mkdir -p bundle/ptx
-tr -d '\000' < "$(ls -t target/release/build/wavefuse-*/out/wavefuse_sm_90.ptx | head -1)" > bundle/ptx/wavefuse_sm_90.ptx
+cp host/kernels/sm_90.ptx bundle/ptx/wavefuse_sm_90.ptx
 cp tools/gpu-profile.sh bundle/profile.sh
 cp benches/*.py bundle/ 2>/dev/null || true
 cat > bundle/run.sh <<'RUN'

@@ -13,6 +13,32 @@
 //! let y = y.download()?;
 //! # Ok(()) }
 //! ```
+//!
+//! From an engine: on its memory and its stream (see the README, "Use it
+//! from an engine").
+//!
+//! ```no_run
+//! use wavefuse::{Choice, Device, View, ViewMut, f16, layer_norm};
+//!
+//! fn ln_on_engine_stream(
+//!     raw_stream: *mut std::ffi::c_void, // the engine's CUstream / hipStream_t
+//!     x: u64,                            // device address of the engine's [rows, 192] f16 input
+//!     y: u64,                            // ... and output
+//!     rows: usize,
+//! ) -> wavefuse::Result<()> {
+//!     let dev = Device::open(Choice::Cuda(0))?; // open once, keep (cheap to clone, Send + Sync)
+//!     // SAFETY: the stream is live for as long as `q` is used.
+//!     let q = unsafe { dev.wrap_stream(raw_stream) }?; // checked: a stream of this device's primary context
+//!     // SAFETY: the spans stay allocated and unaliased until the work is done.
+//!     let (x, mut y) = unsafe {
+//!         (
+//!             View::<f16>::from_raw(&dev, x, rows * 192)?, // checked against the driver's pointer attributes
+//!             ViewMut::<f16>::from_raw(&dev, y, rows * 192)?,
+//!         )
+//!     };
+//!     layer_norm(&q, &x, &mut y, 192, None, 1e-5) // queued on the engine's stream; returns at once
+//! }
+//! ```
 #![deny(missing_docs)]
 
 mod backend;

@@ -1,4 +1,5 @@
-//! Embedded code objects (built by build.rs) and picking one for a device.
+//! Embedded code objects (the committed `host/kernels/`, listed by build.rs)
+//! and picking one for a device.
 use crate::Error;
 
 include!(concat!(env!("OUT_DIR"), "/objects.rs"));
@@ -12,7 +13,7 @@ pub fn amd_for(gcn_arch_name: &str) -> Result<(&'static str, &'static [u8]), Err
         .ok_or_else(|| Error::NoCodeObject {
             arch: base.to_string(),
             built: AMD.iter().map(|(a, _)| a.to_string()).collect(),
-            hint: "; rebuild with WAVEFUSE_AMD_ARCHS including it (Hygon gfx936 needs the vendor route: see README)",
+            hint: "; WAVEFUSE_AMD_ARCHS may have left it out at build time; an arch rustc's LLVM does not know (Hygon gfx936) is built by `cargo xtask amd-route` and embedded with WAVEFUSE_AMD_EXTRA (README: Hygon gfx936)",
         })
 }
 
@@ -31,7 +32,7 @@ pub fn ptx_for(major: i32, minor: i32) -> Result<(&'static str, &'static str), E
         .ok_or_else(|| Error::NoCodeObject {
             arch: format!("sm_{cc}"),
             built: PTX.iter().map(|(a, _)| a.to_string()).collect(),
-            hint: "; rebuild with WAVEFUSE_PTX_ARCHS including it",
+            hint: "; WAVEFUSE_PTX_ARCHS may have left it out at build time; the committed targets are listed in xtask/src/recipe.rs",
         })
 }
 

@@ -43,9 +43,22 @@ fn unavailable(reason: impl Into<String>) -> Error {
     }
 }
 
+/// Whether the driver library can be opened. cudarc's own probe
+/// (`sys::is_culib_present`) exists only in its `dynamic-loading` mode, which
+/// an engine that links libcuda (candle's `dynamic-linking`) turns off for
+/// the whole graph; so probe by hand, with the names cudarc loads.
+fn culib_present() -> bool {
+    ["libcuda.so.1", "libcuda.so", "nvcuda.dll"]
+        .iter()
+        .any(|name| {
+            // SAFETY: opening the driver library runs only its own load-time
+            // initialisers; the handle is closed again at once.
+            unsafe { libloading::Library::new(name) }.is_ok()
+        })
+}
+
 pub fn open(ordinal: usize) -> Result<Cuda> {
-    // SAFETY: only probes for the library.
-    if !unsafe { sys::is_culib_present() } {
+    if !culib_present() {
         return Err(unavailable("libcuda not found"));
     }
     let t0 = Instant::now();

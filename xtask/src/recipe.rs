@@ -1,0 +1,147 @@
+//! How the committed code objects are built: the one place that names the
+//! toolchain, the objects, the profile and the flags. The manifest records
+//! all of it, so a change here shows up in `host/kernels/MANIFEST` (and the
+//! staleness test fails until the objects are regenerated).
+
+/// The pinned nightly. The GPU builds need it (`-Zbuild-std=core`, the
+/// kernel ABI, core's `f16`); nothing else in the workspace does.
+pub const CHANNEL: &str = "nightly-2026-05-20";
+
+/// Components the GPU builds use: `rust-src` for `-Zbuild-std`,
+/// `llvm-tools` for the bitcode route's `llc`/`ld.lld` and the static AMD
+/// checks' `llvm-readobj`/`llvm-objdump`.
+pub const COMPONENTS: &[&str] = &["rust-src", "llvm-tools"];
+
+/// The AMD code object version written (ELF ABI version 3). LLVM 22's
+/// default is v6, which older ROCm/DTK loaders reject.
+pub const AMD_CODE_OBJECT_VERSION: u32 = 5;
+
+/// The GPU profile, passed to the nested cargo as `--config` so that no
+/// setting of the workspace's root manifest feeds the objects. Every key a
+/// custom profile inherits from `release` is set.
+pub const PROFILE: &[(&str, &str)] = &[
+    ("inherits", "\"release\""),
+    ("opt-level", "3"),
+    ("lto", "\"fat\""),
+    ("codegen-units", "1"),
+    ("panic", "\"abort\""),
+    ("debug", "false"),
+    ("debug-assertions", "false"),
+    ("overflow-checks", "false"),
+    ("incremental", "false"),
+    ("strip", "\"none\""),
+    ("rpath", "false"),
+];
+
+/// Flags for the kernel crate only (not core / compiler_builtins, which
+/// this setting breaks on AMDGPU): full unrolling of the fixed-trip row
+/// loops keeps rows in registers (without it the affine LayerNorm spills
+/// its row to local memory on NVPTX).
+pub const KERNEL_FLAGS: &[&str] = &["-Cllvm-args=-unroll-threshold=1000"];
+
+/// Which kind of object a target produces.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    /// An AMDGPU ELF code object linked by rustc's bundled rust-lld.
+    AmdElf,
+    /// NVIDIA PTX: the fat-LTO module emitted as assembly (no linker).
+    Ptx,
+}
+
+/// One committed object.
+#[derive(Clone, Copy, Debug)]
+pub struct Object {
+    /// The arch (`gfx90a`, `sm_90`): also the file stem under host/kernels.
+    pub arch: &'static str,
+    /// What is built.
+    pub kind: Kind,
+}
+
+/// The committed objects, in manifest order.
+pub const OBJECTS: &[Object] = &[
+    Object {
+        arch: "gfx908",
+        kind: Kind::AmdElf,
+    },
+    Object {
+        arch: "gfx90a",
+        kind: Kind::AmdElf,
+    },
+    Object {
+        arch: "gfx942",
+        kind: Kind::AmdElf,
+    },
+    Object {
+        arch: "sm_80",
+        kind: Kind::Ptx,
+    },
+    Object {
+        arch: "sm_90",
+        kind: Kind::Ptx,
+    },
+];
+
+impl Object {
+    /// The file name under host/kernels.
+    pub fn file(&self) -> String {
+        match self.kind {
+            Kind::AmdElf => format!("{}.elf", self.arch),
+            Kind::Ptx => format!("{}.ptx", self.arch),
+        }
+    }
+
+    /// The rustc target triple.
+    pub fn triple(&self) -> &'static str {
+        match self.kind {
+            Kind::AmdElf => "amdgcn-amd-amdhsa",
+            Kind::Ptx => "nvptx64-nvidia-cuda",
+        }
+    }
+
+    /// Flags for every crate of the build (core and compiler_builtins too).
+    pub fn rustflags(&self) -> Vec<String> {
+        let mut f = vec![format!("-Ctarget-cpu={}", self.arch)];
+        if self.kind == Kind::AmdElf {
+            f.push(format!(
+                "-Cllvm-args=--amdhsa-code-object-version={AMD_CODE_OBJECT_VERSION}"
+            ));
+        }
+        f
+    }
+
+    /// Flags for the kernel crate only.
+    pub fn kernel_flags(&self) -> Vec<String> {
+        let mut f: Vec<String> = KERNEL_FLAGS.iter().map(|s| s.to_string()).collect();
+        if self.kind == Kind::Ptx {
+            // The bitcode linker is not installable here: the fat-LTO module
+            // emitted as assembly is the complete PTX, and `-Clinker=true`
+            // turns the link step into a no-op.
+            f.extend(["--emit=asm".to_string(), "-Clinker=true".to_string()]);
+        }
+        f
+    }
+}
+
+/// The nested cargo's arguments shared by every object (before the
+/// per-object `--target`/`--target-dir`).
+pub fn cargo_args() -> Vec<String> {
+    let mut a: Vec<String> = [
+        "rustc",
+        "--locked",
+        "-p",
+        "wavefuse-device",
+        "--profile",
+        "gpu",
+        "-Zbuild-std=core",
+        "--crate-type",
+        "cdylib",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for (k, v) in PROFILE {
+        a.push("--config".into());
+        a.push(format!("profile.gpu.{k}={v}"));
+    }
+    a
+}
