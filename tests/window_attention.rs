@@ -402,7 +402,7 @@ fn rejects_output_of_the_wrong_length() {
 #[test]
 fn rejects_qkv_bias_and_bias_and_mask_of_the_wrong_length() {
     let d = cpu();
-    let qb = d.upload(&vec![f16::ZERO; 3 * D - 8]).expect("upload");
+    let qb = d.upload(&[f16::ZERO; 3 * D - 8]).expect("upload");
     with_setup(&d, |x, ab, o| {
         let e = window_attention(
             &d,

@@ -41,6 +41,18 @@ pub const ATTN_WAVES: u32 = 3;
 /// (halves): 32 + 8 of padding, so the eight 16-byte rows one `ldmatrix`
 /// phase reads (80 bytes apart) fall in distinct bank groups.
 pub const ATTN_LDS_STRIDE: u32 = 40;
+/// Window attention: row stride of a wave's bias strip buffer (halves):
+/// 144 + 8, so the eight rows a quad-row of lanes reads (304 bytes apart)
+/// fall in distinct bank groups.
+pub const ATTN_BIAS_STRIDE: u32 = 152;
 /// Window attention: workgroup memory per workgroup (bytes): the q, k and
-/// v tiles of one window and head.
-pub const ATTN_SHARED_BYTES: u32 = 3 * ATTN_T * ATTN_LDS_STRIDE * 2 + 3 * 16 * 152 * 2;
+/// v tiles of one window and head, then each wave's 16-row bias strip
+/// buffer. 48 KiB exactly: the most a CUDA launch takes without an opt-in,
+/// and within gfx9's 64 KiB.
+pub const ATTN_SHARED_BYTES: u32 =
+    3 * ATTN_T * ATTN_LDS_STRIDE * 2 + ATTN_WAVES * 16 * ATTN_BIAS_STRIDE * 2;
+const _: () = assert!(ATTN_SHARED_BYTES == 48 * 1024);
+/// Window attention: workgroups per SM the NVIDIA build's register budget
+/// is set for (PTX `.minnctapersm`, written by `cargo xtask kernels`):
+/// 168 registers per thread; 48 KiB of workgroup memory allows 4 on sm_90.
+pub const ATTN_MIN_BLOCKS_SM: u32 = 4;

@@ -285,6 +285,9 @@ impl Instance for BiasMaskSet {
 
 /// The fused window attention from the QKV Linear output (shifted-window
 /// block: earth bias and mask from the planner's tables).
+/// q, k, v rows of one (window, head) in f64.
+type Qkv = [Vec<Vec<f64>>; 3];
+
 pub struct WindowAttention {
     pub windows: usize,
     pub heads: usize,
@@ -383,7 +386,7 @@ impl Instance for AttnSet {
         let ch = h * HD;
         let tokens = got.len() / ch;
         let mut worst = 0.0f64;
-        let mut cached: Option<(usize, usize, [Vec<Vec<f64>>; 3])> = None;
+        let mut cached: Option<(usize, usize, Qkv)> = None;
         for tok in sampled_rows(tokens) {
             let (w, i) = (tok / T, tok % T);
             for head in 0..h {
