@@ -17,9 +17,10 @@ import torch
 
 ROW_BLOCK = 256  # wavefuse_shared::layout::ROW_BLOCK
 # wavefuse_shared::geometry: ATTN_WAVES warps per (window, head) workgroup and
-# its workgroup memory (q, k, v tiles of 144 rows at a 40-half stride).
+# its workgroup memory (q, k, v tiles of 144 rows at a 40-half stride, then
+# each warp's 16-row bias buffer at a 152-half stride): 48 KiB.
 ATTN_WAVES = 3
-ATTN_SHARED_BYTES = 3 * 144 * 40 * 2
+ATTN_SHARED_BYTES = 3 * 144 * 40 * 2 + ATTN_WAVES * 16 * 152 * 2
 
 
 class Driver:

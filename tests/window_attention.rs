@@ -7,10 +7,14 @@
 //! bias is given; mask and bias as f16), held to the contract's bound
 //! (about half an ulp of the output plus an ulp of `M = sum_j p_j |v_j|`,
 //! plus terms for the f32 scores; see `wavefuse::ops::window_attention`).
-//! Broken kernels this suite was seen to reject (each swapped in once): a
-//! bias row off by one, the mask or the scale or the QKV bias ignored, the
+//! Broken kernels this suite was seen to reject (each swapped in once, in
+//! the emulator): a bias row off by one, the bias buffer fetched for the
+//! wrong strip or overwritten before every lane read it (wave barrier
+//! removed), the mask or the scale or the QKV bias ignored, the
 //! normalisation off by a factor `1 + 2^-10`, the last query strip
-//! skipped, one row's max used for both rows of an NVIDIA fragment. Rows with NaN / +inf scores or only
+//! skipped, one row's max used for both rows of an NVIDIA fragment. Not
+//! caught here: the wave barrier between the copy wait and the buffer
+//! reads (the emulator's copies are synchronous); that is racecheck's. Rows with NaN / +inf scores or only
 //! -inf must be NaN. Outputs are poisoned before every launch.
 mod common;
 

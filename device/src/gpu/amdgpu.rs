@@ -198,3 +198,8 @@ pub fn wave_barrier() {
     // lockstep and its LDS operations complete in order.
     unsafe { amdgcn_wave_barrier() }
 }
+
+#[inline(always)]
+pub fn wave_uniform(v: u32) -> u32 {
+    a::readfirstlane_u32(v)
+}

@@ -202,3 +202,8 @@ pub fn wave_barrier() {
     // any exchange (xor 0: each lane gets its own value back).
     emu::collective(emu::Op::ShflXor { value: 0, mask: 0 });
 }
+
+#[inline(always)]
+pub fn wave_uniform(v: u32) -> u32 {
+    v
+}

@@ -1,10 +1,12 @@
 //! The one place kernels meet the hardware.
 //!
 //! Each target provides the same small set of primitives: ids, the wave
-//! size, a workgroup barrier, butterfly and indexed lane exchanges,
-//! launch-sized workgroup memory, one cache-policy load, f16 conversions
-//! and the few arithmetic instructions whose hardware form differs from
-//! IEEE (approximate `exp2`, reciprocal, reciprocal square root). Group
+//! size, workgroup and wave barriers, butterfly and indexed lane exchanges,
+//! launch-sized workgroup memory and asynchronous copies into it, one
+//! cache-policy load, f16 conversions, the few arithmetic instructions
+//! whose hardware form differs from IEEE (approximate `exp2`, reciprocal,
+//! reciprocal square root), two compiler hints ([`sched_barrier`],
+//! [`wave_uniform`]) and the matrix units ([`mma`]). Group
 //! reductions are built here from the exchanges, once for every target.
 //! Nothing outside this module (and its per-target files) names a
 //! `target_arch`.
@@ -292,4 +294,13 @@ pub fn copy_to_workgroup_wait() {
 #[inline(always)]
 pub fn wave_barrier() {
     imp::wave_barrier()
+}
+
+/// `v`, which must be the same on every lane of the wave, marked as such:
+/// on AMD `readfirstlane`, which moves it (and what is computed from it) to
+/// scalar registers the compiler cannot prove uniform by itself (a wave
+/// index from the thread id, say); the value itself elsewhere.
+#[inline(always)]
+pub fn wave_uniform(v: u32) -> u32 {
+    imp::wave_uniform(v)
 }

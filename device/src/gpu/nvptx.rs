@@ -293,3 +293,8 @@ pub fn wave_barrier() {
     // SAFETY: the whole warp reaches it (facade contract).
     unsafe { bar_warp_sync(u32::MAX) }
 }
+
+#[inline(always)]
+pub fn wave_uniform(v: u32) -> u32 {
+    v
+}

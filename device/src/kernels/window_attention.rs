@@ -212,7 +212,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
                 a.mask.wrapping_add(sl as usize * T * T),
             )
         };
-        let wave = (gpu::thread_id() / gpu::wave_size()) as usize;
+        let wave = gpu::wave_uniform(gpu::thread_id() / gpu::wave_size()) as usize;
         let buf = lds.wrapping_add(3 * T * LS + wave * 16 * BS);
         // SAFETY: the wave's buffer; its first strip.
         unsafe { prefetch_bias(bp, buf, wave) };
@@ -311,6 +311,10 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
                 };
                 o0 = M::mma(p[n], v0, o0);
                 o1 = M::mma(p[n], v1, o1);
+                // One tile's v reads at a time on AMD: gfx908 budgets 64
+                // VGPRs (its MFMA results live in AGPRs), and all nine
+                // tiles' reads hoisted together spilled there.
+                gpu::sched_barrier();
             });
             for (half, o) in [o0, o1].iter().enumerate() {
                 let o = o.as_ref();
