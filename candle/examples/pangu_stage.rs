@@ -1,0 +1,268 @@
+//! Runs the Pangu-Weather stage on candle: loads weights and input (the
+//! PyTorch reference's `pangu_<scale>.safetensors`, or seeded random ones),
+//! runs the chosen builds, checks the f16 stage against the same source in
+//! f32, writes the outputs for the reference script, and on CUDA times the
+//! stage and each block (CUDA-event medians on candle's stream) with the
+//! stream-ordered pool's high-water mark.
+//!
+//! ```text
+//! pangu_stage [--scale s1|s2|tiny] [--weights FILE | --random SEED]
+//!             [--build candle|wavefuse|candle,wavefuse] [--device cpu|cuda]
+//!             [--out DIR] [--reps N]
+//! ```
+//! On the CPU (CI): `pangu_stage --scale tiny --random 1 --device cpu`.
+use candle_core::{DType, Device, Tensor};
+use std::collections::HashMap;
+use std::time::Instant;
+use wavefuse_candle::pangu::{self, CandleOps, Stage, StageConfig, StageOps, WavefuseOps};
+
+type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+struct Args {
+    scale: String,
+    weights: Option<String>,
+    random: Option<u64>,
+    builds: Vec<String>,
+    device: String,
+    out: Option<String>,
+    reps: usize,
+}
+
+fn parse() -> Res<Args> {
+    let mut a = Args {
+        scale: "tiny".into(),
+        weights: None,
+        random: None,
+        builds: vec!["candle".into()],
+        device: "cpu".into(),
+        out: None,
+        reps: 20,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut v = || it.next().ok_or_else(|| format!("{k} needs a value"));
+        match k.as_str() {
+            "--scale" => a.scale = v()?,
+            "--weights" => a.weights = Some(v()?),
+            "--random" => a.random = Some(v()?.parse()?),
+            "--build" => a.builds = v()?.split(',').map(String::from).collect(),
+            "--device" => a.device = v()?,
+            "--out" => a.out = Some(v()?),
+            "--reps" => a.reps = v()?.parse()?,
+            _ => {
+                return Err(format!("unknown argument {k} (see the example's doc comment)").into());
+            }
+        }
+    }
+    if a.weights.is_none() && a.random.is_none() {
+        a.random = Some(1);
+    }
+    Ok(a)
+}
+
+/// Wall time per call: CUDA events around the call on candle's stream, or
+/// the host clock on the CPU.
+enum Clock {
+    Cpu,
+    #[cfg(feature = "cuda")]
+    Cuda(std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>),
+}
+
+impl Clock {
+    fn new(dev: &Device) -> Res<Clock> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(c) = dev {
+            return Ok(Clock::Cuda(c.cuda_stream()));
+        }
+        let _ = dev;
+        Ok(Clock::Cpu)
+    }
+
+    /// Microseconds of one call of `f`.
+    fn time(&self, f: &mut dyn FnMut() -> candle_core::Result<Tensor>) -> Res<f64> {
+        match self {
+            Clock::Cpu => {
+                let t = Instant::now();
+                drop(f()?);
+                Ok(t.elapsed().as_secs_f64() * 1e6)
+            }
+            #[cfg(feature = "cuda")]
+            Clock::Cuda(s) => {
+                use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
+                let a = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+                drop(f()?);
+                let b = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+                b.synchronize()?;
+                Ok(f64::from(a.elapsed_ms(&b)?) * 1e3)
+            }
+        }
+    }
+}
+
+/// The stream-ordered pool's high-water mark (candle allocates with
+/// cuMemAllocAsync from the device's default pool): reset, then read.
+#[cfg(feature = "cuda")]
+mod pool {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+
+    fn default_pool() -> Option<sys::CUmemoryPool> {
+        let mut dev: sys::CUdevice = 0;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: candle's device made its context current on this thread;
+        // both out-pointers are valid locals.
+        let ok = unsafe {
+            sys::cuCtxGetDevice(&mut dev) == sys::CUresult::CUDA_SUCCESS
+                && sys::cuDeviceGetDefaultMemPool(&mut pool, dev) == sys::CUresult::CUDA_SUCCESS
+        };
+        ok.then_some(pool)
+    }
+
+    pub fn reset_high() {
+        if let Some(p) = default_pool() {
+            let mut zero: u64 = 0;
+            // SAFETY: USED_MEM_HIGH takes a u64, and 0 resets it to the
+            // current use.
+            unsafe {
+                sys::cuMemPoolSetAttribute(
+                    p,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                    (&mut zero as *mut u64).cast(),
+                )
+            };
+        }
+    }
+
+    pub fn used(attr: sys::CUmemPool_attribute) -> Option<u64> {
+        let p = default_pool()?;
+        let mut v: u64 = 0;
+        // SAFETY: the USED_MEM_* attributes are u64.
+        let r = unsafe { sys::cuMemPoolGetAttribute(p, attr, (&mut v as *mut u64).cast()) };
+        (r == sys::CUresult::CUDA_SUCCESS).then_some(v)
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn max_rms(a: &Tensor, b: &Tensor) -> Res<(f64, f64)> {
+    let d = (a.to_dtype(DType::F64)? - b.to_dtype(DType::F64)?)?;
+    let max = d.abs()?.max_all()?.to_scalar::<f64>()?;
+    let rms = d.sqr()?.mean_all()?.sqrt()?.to_scalar::<f64>()?;
+    Ok((max, rms))
+}
+
+fn main() -> Res<()> {
+    let a = parse()?;
+    let cfg = StageConfig::by_name(&a.scale).ok_or_else(|| format!("unknown scale {}", a.scale))?;
+    let dev = match a.device.as_str() {
+        "cpu" => Device::Cpu,
+        "cuda" => Device::new_cuda(0)?,
+        d => return Err(format!("unknown device {d}").into()),
+    };
+    let t: HashMap<String, Tensor> = match (&a.weights, a.random) {
+        (Some(path), _) => candle_core::safetensors::load(path, &Device::Cpu)?,
+        (None, Some(seed)) => pangu::weights::random_weights(&cfg, seed, 1.0)?,
+        (None, None) => unreachable!("parse() sets a seed"),
+    };
+    let g = cfg.grid;
+    println!(
+        "stage {}: grid {}x{}x{} dim {} heads {} window (2,6,12) shift (1,3,6), device {}",
+        a.scale, g.z, g.h, g.w, cfg.dim, cfg.heads, a.device
+    );
+    let t0 = Instant::now();
+    let stage = Stage::load(cfg, &t, &dev, DType::F16)?;
+    let x = stage.input(&t, &dev)?;
+    dev.synchronize()?;
+    println!("loaded in {:.2} s", t0.elapsed().as_secs_f64());
+
+    // The same source in f32 (candle's ops): what the f16 build should be
+    // close to. The PyTorch script's check is the real gate.
+    let ref32 = {
+        let s32 = Stage::load(cfg, &t, &dev, DType::F32)?;
+        let ops = CandleOps::new(cfg.dim, DType::F32, &dev)?;
+        s32.forward(&ops, &s32.input(&t, &dev)?)?
+    };
+    let clock = Clock::new(&dev)?;
+    let mut failed = false;
+    for build in &a.builds {
+        let ops: Box<dyn StageOps> = match build.as_str() {
+            "candle" => Box::new(CandleOps::new(cfg.dim, DType::F16, &dev)?),
+            "wavefuse" => Box::new(WavefuseOps::new()),
+            b => return Err(format!("unknown build {b}").into()),
+        };
+        let y = match stage.forward(ops.as_ref(), &x) {
+            Ok(y) => y,
+            Err(e) => {
+                println!("{build}: {e}");
+                failed = true;
+                continue;
+            }
+        };
+        let y0 = stage.forward_block(ops.as_ref(), 0, &x)?;
+        let (max, rms) = max_rms(&y, &ref32)?;
+        let finite = y
+            .to_dtype(DType::F32)?
+            .sqr()?
+            .sum_all()?
+            .to_scalar::<f32>()?
+            .is_finite();
+        println!(
+            "{build}: f16 stage vs the same stage in f32: max {max:.3e} rms {rms:.3e}, finite: {finite}"
+        );
+        failed |= !finite;
+        if let Some(dir) = &a.out {
+            std::fs::create_dir_all(dir)?;
+            let path = format!("{dir}/out_{build}_{}.safetensors", a.scale);
+            let outs = HashMap::from([("y".to_string(), y.clone()), ("y_block0".to_string(), y0)]);
+            candle_core::safetensors::save(&outs, &path)?;
+            println!("{build}: wrote {path}");
+        }
+        drop(y);
+        if a.reps == 0 {
+            continue;
+        }
+        for (part, block) in [("stage", None), ("block0", Some(0)), ("block1", Some(1))] {
+            let mut f = || match block {
+                None => stage.forward(ops.as_ref(), &x),
+                Some(i) => stage.forward_block(ops.as_ref(), i, &x),
+            };
+            for _ in 0..3 {
+                clock.time(&mut f)?;
+            }
+            #[cfg(feature = "cuda")]
+            pool::reset_high();
+            let times = (0..a.reps)
+                .map(|_| clock.time(&mut f))
+                .collect::<Res<Vec<f64>>>()?;
+            #[allow(unused_mut)]
+            let mut mem = String::new();
+            #[cfg(feature = "cuda")]
+            {
+                use candle_core::cuda_backend::cudarc::driver::sys::CUmemPool_attribute as A;
+                if let (Some(hi), Some(cur)) = (
+                    pool::used(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH),
+                    pool::used(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+                ) {
+                    mem = format!(
+                        "  pool high {:.1} MiB (+{:.1} over resident)",
+                        hi as f64 / 1048576.0,
+                        (hi - cur) as f64 / 1048576.0
+                    );
+                }
+            }
+            let min = times.iter().cloned().fold(f64::INFINITY, f64::min);
+            println!(
+                "{} {part:6} {build:9} median {:10.1} us  min {min:10.1} us  ({} reps){mem}",
+                a.scale,
+                median(times.clone()),
+                a.reps
+            );
+        }
+    }
+    if failed {
+        return Err("a build failed".into());
+    }
+    Ok(())
+}

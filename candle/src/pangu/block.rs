@@ -1,0 +1,171 @@
+//! The Earth-specific transformer block in the profiled student model's
+//! pre-norm order, and the two-block stage, written once against
+//! [`StageOps`].
+//!
+//! Block: `h = windows(LN(x))`; `qkv = h Wqkv^T`; `q, k, v` per head (+bias,
+//! q scaled); `s = q k^T`; `p = softmax(s + earth_bias[type] + mask)`;
+//! `o = p v`, heads merged; `a = o Wproj^T + bproj`; `x = x + unwindows(a)`;
+//! `h = LN(x)`; `m = gelu(h W1^T + b1) W2^T + b2`; `x = x + m`. norm2's
+//! affine is folded into W1 at load; norm1's stays in the LayerNorm (the
+//! zero padding after it would not survive a fold into Wqkv: see
+//! [`StageOps::norm_partition`]). The last residual add is left
+//! pending so that the next block's entry can fuse it with its LayerNorm
+//! and partition.
+use super::config::{HEAD_DIM, StageConfig};
+use super::ops::StageOps;
+use super::tables::Windowing;
+use super::weights::BlockWeights;
+use candle_core::{DType, Device, Result, Tensor};
+use std::collections::HashMap;
+
+/// `x W^T` (candle's GEMM: cuBLAS on CUDA).
+fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    x.matmul(&w.t()?)
+}
+
+/// One block: its windowing and parameters.
+#[derive(Debug)]
+pub struct Block {
+    heads: usize,
+    win: Windowing,
+    w: BlockWeights,
+}
+
+impl Block {
+    /// The windowing (plan, mask, types).
+    pub fn windowing(&self) -> &Windowing {
+        &self.win
+    }
+
+    /// The parameters.
+    pub fn weights(&self) -> &BlockWeights {
+        &self.w
+    }
+
+    fn attention(&self, ops: &dyn StageOps, h: &Tensor) -> Result<Tensor> {
+        let (rows, c) = h.dims2()?;
+        let scale = (HEAD_DIM as f64).powf(-0.5);
+        let qkv = matmul_t(h, &self.w.qkv_w)?;
+        let (q, k, v) = ops.split_heads(&qkv, &self.w.qkv_b, self.heads, scale, &self.win)?;
+        let s = q.matmul(&k.t()?)?;
+        let p = ops.attn_softmax(&s, &self.w.earth_bias, &self.win)?;
+        // [windows, heads, T, hd] -> [windows, T, heads, hd] -> tokens.
+        let o = p.matmul(&v)?.transpose(1, 2)?.reshape((rows, c))?;
+        matmul_t(&o, &self.w.proj_w)?.broadcast_add(&self.w.proj_b)
+    }
+
+    fn mlp(&self, ops: &dyn StageOps, h: &Tensor) -> Result<Tensor> {
+        let a = matmul_t(h, &self.w.fc1_w)?;
+        let a = ops.bias_gelu(&a, &self.w.fc1_b)?;
+        matmul_t(&a, &self.w.fc2_w)?.broadcast_add(&self.w.fc2_b)
+    }
+
+    /// Runs the block on the residual `x` `[N, C]`, with `pending` the
+    /// previous block's MLP output not yet added to it. Returns the
+    /// residual after the attention half and this block's MLP output (the
+    /// caller adds it, or the next block's entry does).
+    pub fn forward(
+        &self,
+        ops: &dyn StageOps,
+        x: &Tensor,
+        pending: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor)> {
+        let (x, h) = match pending {
+            None => (x.clone(), ops.norm_partition(x, &self.w.norm1, &self.win)?),
+            Some(d) => ops.add_norm_partition(x, d, &self.w.norm1, &self.win)?,
+        };
+        let a = self.attention(ops, &h)?;
+        let (x, h) = ops.unpartition_add_norm(&x, &a, &self.win)?;
+        let m = self.mlp(ops, &h)?;
+        Ok((x, m))
+    }
+}
+
+/// Two blocks (unshifted, shifted) on one grid.
+#[derive(Debug)]
+pub struct Stage {
+    cfg: StageConfig,
+    dtype: DType,
+    blocks: Vec<Block>,
+}
+
+impl Stage {
+    /// Builds the stage from weights in the file layout
+    /// ([`crate::pangu::weights`]), on `device`, computing in `dtype`
+    /// (f16: the stage; f32/f64: for checks).
+    pub fn load(
+        cfg: StageConfig,
+        t: &HashMap<String, Tensor>,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Stage> {
+        if cfg.dim != cfg.heads * HEAD_DIM {
+            candle_core::bail!("dim {} is not {} heads of {HEAD_DIM}", cfg.dim, cfg.heads);
+        }
+        let mut blocks = Vec::new();
+        for i in 0..2 {
+            let win = Windowing::new(cfg.grid, cfg.window, cfg.block_shift(i), device, dtype)?;
+            let w = BlockWeights::load(t, i, &cfg, &win, device, dtype)?;
+            blocks.push(Block {
+                heads: cfg.heads,
+                win,
+                w,
+            });
+        }
+        Ok(Stage { cfg, dtype, blocks })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &StageConfig {
+        &self.cfg
+    }
+
+    /// The blocks, unshifted first.
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
+    /// The stage input from the weight file (`x` `[Z, H, W, C]`) as `[N, C]`
+    /// in the stage's dtype on `device`.
+    pub fn input(&self, t: &HashMap<String, Tensor>, device: &Device) -> Result<Tensor> {
+        let g = self.cfg.grid;
+        let x = t
+            .get("x")
+            .ok_or_else(|| candle_core::Error::Msg("weights: `x` missing".into()))?;
+        if x.dims() != [g.z, g.h, g.w, self.cfg.dim] {
+            candle_core::bail!(
+                "weights: `x` is {:?}, expected {:?}",
+                x.dims(),
+                [g.z, g.h, g.w, self.cfg.dim]
+            );
+        }
+        x.to_dtype(self.dtype)?
+            .reshape((self.cfg.tokens(), self.cfg.dim))?
+            .to_device(device)
+    }
+
+    /// Both blocks: `[N, C]` -> `[N, C]`.
+    pub fn forward(&self, ops: &dyn StageOps, x: &Tensor) -> Result<Tensor> {
+        let mut x = x.clone();
+        let mut pending: Option<Tensor> = None;
+        for b in &self.blocks {
+            let (nx, m) = b.forward(ops, &x, pending.as_ref())?;
+            x = nx;
+            pending = Some(m);
+        }
+        match pending {
+            Some(m) => ops.add(&x, &m),
+            None => Ok(x),
+        }
+    }
+
+    /// Block `i` alone: `[N, C]` -> `[N, C]`.
+    pub fn forward_block(&self, ops: &dyn StageOps, i: usize, x: &Tensor) -> Result<Tensor> {
+        let b = self
+            .blocks
+            .get(i)
+            .ok_or_else(|| candle_core::Error::Msg(format!("no block {i}")))?;
+        let (x, m) = b.forward(ops, x, None)?;
+        ops.add(&x, &m)
+    }
+}

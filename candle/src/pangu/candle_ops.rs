@@ -1,0 +1,156 @@
+//! The stage with candle's own ops, written as PyTorch would: pad, roll,
+//! reshape/permute window partition, broadcast adds, candle-nn's LayerNorm
+//! and softmax (f32 inside, f16 out).
+use super::config::LN_EPS;
+use super::ops::{Affine, StageOps};
+use super::tables::Windowing;
+use candle_core::{D, DType, Result, Tensor};
+
+/// candle's own ops.
+#[derive(Debug)]
+pub struct CandleOps {
+    ones: Tensor,
+    zeros: Tensor,
+}
+
+impl CandleOps {
+    /// The ops for tokens of `dim` channels of `dtype` on `device`.
+    pub fn new(dim: usize, dtype: DType, device: &candle_core::Device) -> Result<CandleOps> {
+        Ok(CandleOps {
+            ones: Tensor::ones(dim, dtype, device)?,
+            zeros: Tensor::zeros(dim, dtype, device)?,
+        })
+    }
+
+    /// LayerNorm without affine: candle-nn's fused kernel with gamma 1 and
+    /// beta 0 (so the result is the plain normalisation).
+    fn layer_norm(&self, x: &Tensor) -> Result<Tensor> {
+        candle_nn::ops::layer_norm(x, &self.ones, &self.zeros, LN_EPS)
+    }
+}
+
+/// `x` `[N, C]` in grid order -> `[windows * T, C]`: zero-pad at the end of
+/// each axis, roll by `-shift`, partition.
+pub fn partition(x: &Tensor, win: &Windowing) -> Result<Tensor> {
+    let plan = win.plan();
+    let (g, p, w, s) = (plan.grid(), plan.padded_grid(), plan.window(), plan.shift());
+    let c = x.dim(D::Minus1)?;
+    let x = x
+        .reshape((g.z, g.h, g.w, c))?
+        .pad_with_zeros(0, 0, p.z - g.z)?
+        .pad_with_zeros(1, 0, p.h - g.h)?
+        .pad_with_zeros(2, 0, p.w - g.w)?
+        .roll(-(s.z as i32), 0)?
+        .roll(-(s.h as i32), 1)?
+        .roll(-(s.w as i32), 2)?;
+    // [nz, wz, nh, wh, nw, ww * C]: ww and C stay adjacent, so six axes
+    // suffice for the permute.
+    x.reshape((p.z / w.z, w.z, p.h / w.h, w.h, p.w / w.w, w.w * c))?
+        .permute((0, 2, 4, 1, 3, 5))?
+        .contiguous()?
+        .reshape((win.n_windows() * win.tokens_per_window(), c))
+}
+
+/// The inverse of [`partition`]: `[windows * T, C]` -> un-partition, roll by
+/// `+shift`, crop -> `[N, C]` in grid order.
+pub fn unpartition(y: &Tensor, win: &Windowing) -> Result<Tensor> {
+    let plan = win.plan();
+    let (g, p, w, s) = (plan.grid(), plan.padded_grid(), plan.window(), plan.shift());
+    let c = y.dim(D::Minus1)?;
+    let y = y
+        .reshape((p.z / w.z, p.h / w.h, p.w / w.w, w.z, w.h, w.w * c))?
+        .permute((0, 3, 1, 4, 2, 5))?
+        .reshape((p.z, p.h, p.w, c))?
+        .roll(s.z as i32, 0)?
+        .roll(s.h as i32, 1)?
+        .roll(s.w as i32, 2)?
+        .narrow(0, 0, g.z)?
+        .narrow(1, 0, g.h)?
+        .narrow(2, 0, g.w)?;
+    y.reshape((g.z * g.h * g.w, c))
+}
+
+impl StageOps for CandleOps {
+    fn name(&self) -> &'static str {
+        "candle"
+    }
+
+    fn norm_partition(&self, x: &Tensor, norm: &Affine, win: &Windowing) -> Result<Tensor> {
+        let h = candle_nn::ops::layer_norm(x, &norm.gamma, &norm.beta, LN_EPS)?;
+        partition(&h, win)
+    }
+
+    fn add_norm_partition(
+        &self,
+        x: &Tensor,
+        d: &Tensor,
+        norm: &Affine,
+        win: &Windowing,
+    ) -> Result<(Tensor, Tensor)> {
+        let x = (x + d)?;
+        let h = self.norm_partition(&x, norm, win)?;
+        Ok((x, h))
+    }
+
+    fn split_heads(
+        &self,
+        qkv: &Tensor,
+        bias: &Tensor,
+        heads: usize,
+        scale: f64,
+        win: &Windowing,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (rows, c3) = qkv.dims2()?;
+        let t = win.tokens_per_window();
+        let hd = c3 / 3 / heads;
+        let qkv = qkv
+            .broadcast_add(bias)?
+            .reshape((rows / t, t, 3, heads, hd))?
+            .permute((2, 0, 3, 1, 4))?;
+        // candle's affine multiplies in f16 with the scale rounded to f16.
+        let q = (qkv.get(0)? * scale)?;
+        let k = qkv.get(1)?.contiguous()?;
+        let v = qkv.get(2)?.contiguous()?;
+        Ok((q, k, v))
+    }
+
+    fn attn_softmax(
+        &self,
+        scores: &Tensor,
+        earth_bias: &Tensor,
+        win: &Windowing,
+    ) -> Result<Tensor> {
+        let (windows, heads, t, _) = scores.dims4()?;
+        let types = win.n_types();
+        // Windows are (z, h, w)-major and the type is (z, h): group the
+        // longitude windows of each type, as the pseudocode does.
+        let s = scores
+            .reshape((types, windows / types, heads, t, t))?
+            .broadcast_add(&earth_bias.unsqueeze(1)?)?
+            .reshape((windows, heads, t, t))?;
+        let s = match win.mask() {
+            Some(mask) => s.broadcast_add(mask)?,
+            None => s,
+        };
+        candle_nn::ops::softmax_last_dim(&s)
+    }
+
+    fn unpartition_add_norm(
+        &self,
+        x: &Tensor,
+        branch: &Tensor,
+        win: &Windowing,
+    ) -> Result<(Tensor, Tensor)> {
+        let x = (x + unpartition(branch, win)?)?;
+        let h = self.layer_norm(&x)?;
+        Ok((x, h))
+    }
+
+    fn bias_gelu(&self, h: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        h.broadcast_add(bias)?.gelu_erf()
+    }
+
+    fn add(&self, x: &Tensor, d: &Tensor) -> Result<Tensor> {
+        x + d
+    }
+}

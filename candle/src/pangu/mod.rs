@@ -1,0 +1,23 @@
+//! The Pangu-Weather stage on candle: two Earth-specific transformer blocks
+//! (unshifted, shifted) in the profiled student model's pre-norm order.
+//!
+//! One source ([`Stage`], written against [`StageOps`]), two builds picked
+//! at run time: [`CandleOps`] (candle's own ops, as PyTorch would write
+//! them) and [`WavefuseOps`] (wavefuse's fused kernels wherever one
+//! applies). The GEMMs are candle's in both. The window tables come from
+//! [`wavefuse_shared::window::WindowPlan`], the planner the kernels use,
+//! so both builds window, mask and type tokens the same way.
+mod block;
+mod candle_ops;
+pub mod config;
+mod ops;
+pub mod tables;
+mod wavefuse_ops;
+pub mod weights;
+
+pub use block::{Block, Stage};
+pub use candle_ops::{CandleOps, partition, unpartition};
+pub use config::StageConfig;
+pub use ops::{Affine, StageOps};
+pub use tables::Windowing;
+pub use wavefuse_ops::WavefuseOps;

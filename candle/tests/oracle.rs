@@ -1,0 +1,205 @@
+//! An f64 oracle of the pre-norm Pangu stage, written token by token from
+//! the definitions (Swin's slice regions, the pseudocode's position index,
+//! LayerNorm with its affine, exact GELU), sharing no code with the crate's
+//! window planner or candle path.
+#![allow(dead_code)]
+
+use candle_core::{DType, Tensor};
+use std::collections::HashMap;
+use wavefuse_candle::pangu::StageConfig;
+
+/// A weight from the file layout as f64, row-major.
+pub fn w64(t: &HashMap<String, Tensor>, name: &str) -> Vec<f64> {
+    t[name]
+        .to_dtype(DType::F64)
+        .and_then(|x| x.flatten_all())
+        .and_then(|x| x.to_vec1::<f64>())
+        .expect("weight as f64")
+}
+
+fn layer_norm(x: &[f64], g: &[f64], b: &[f64]) -> Vec<f64> {
+    let n = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+    let r = 1.0 / (var + 1e-5).sqrt();
+    x.iter()
+        .zip(g)
+        .zip(b)
+        .map(|((v, g), b)| (v - mean) * r * g + b)
+        .collect()
+}
+
+/// `W x + b` with `W` `[out, in]`.
+fn linear(x: &[f64], w: &[f64], b: &[f64]) -> Vec<f64> {
+    let i = x.len();
+    b.iter()
+        .enumerate()
+        .map(|(o, bo)| {
+            bo + w[o * i..(o + 1) * i]
+                .iter()
+                .zip(x)
+                .map(|(a, c)| a * c)
+                .sum::<f64>()
+        })
+        .collect()
+}
+
+fn gelu(v: f64) -> f64 {
+    0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2))
+}
+
+/// Swin's region of position `p` on an axis of padded length `len`: the
+/// last of the slices `[:-window]`, `[-window:-shift]`, `[-shift:]` that
+/// holds it (one region when unshifted).
+fn region(p: usize, len: usize, window: usize, shift: usize) -> usize {
+    if shift == 0 {
+        0
+    } else if p >= len - shift {
+        2
+    } else if p >= len - window {
+        1
+    } else {
+        0
+    }
+}
+
+/// One block (`i`, shift `s`) on the residual `x` `[N * C]`, in place.
+fn block(cfg: &StageConfig, t: &HashMap<String, Tensor>, i: usize, s: [usize; 3], x: &mut [f64]) {
+    let c = cfg.dim;
+    let heads = cfg.heads;
+    let hd = c / heads;
+    let g = [cfg.grid.z, cfg.grid.h, cfg.grid.w];
+    let w = [cfg.window.z, cfg.window.h, cfg.window.w];
+    let p: Vec<usize> = (0..3).map(|a| g[a].div_ceil(w[a]) * w[a]).collect();
+    let nw: Vec<usize> = (0..3).map(|a| p[a] / w[a]).collect();
+    let tw = w[0] * w[1] * w[2];
+    let wt = |n: &str| w64(t, &format!("b{i}.{n}"));
+    let (g1, b1, qw, qb) = (
+        wt("norm1.weight"),
+        wt("norm1.bias"),
+        wt("qkv.weight"),
+        wt("qkv.bias"),
+    );
+    let (pw, pb) = (wt("proj.weight"), wt("proj.bias"));
+    let (g2, b2, f1w, f1b, f2w, f2b) = (
+        wt("norm2.weight"),
+        wt("norm2.bias"),
+        wt("fc1.weight"),
+        wt("fc1.bias"),
+        wt("fc2.weight"),
+        wt("fc2.bias"),
+    );
+    let table = wt("earth_bias");
+    let types = nw[0] * nw[1];
+    let scale = (hd as f64).powf(-0.5);
+    let n = x.len() / c;
+    let ln1: Vec<Vec<f64>> = (0..n)
+        .map(|k| layer_norm(&x[k * c..(k + 1) * c], &g1, &b1))
+        .collect();
+    let mut branch = vec![0.0; x.len()];
+    for wz in 0..nw[0] {
+        for wh in 0..nw[1] {
+            for ww in 0..nw[2] {
+                let ty = wz * nw[1] + wh;
+                // Window tokens: rolled-grid position, source token (None in
+                // the padding), region.
+                let mut toks = Vec::new();
+                for a in 0..w[0] {
+                    for b in 0..w[1] {
+                        for cc in 0..w[2] {
+                            let r = [wz * w[0] + a, wh * w[1] + b, ww * w[2] + cc];
+                            // rolled[r] = padded[(r + s) mod P]
+                            let q: Vec<usize> = (0..3).map(|k| (r[k] + s[k]) % p[k]).collect();
+                            let src = (q[0] < g[0] && q[1] < g[1] && q[2] < g[2])
+                                .then(|| (q[0] * g[1] + q[1]) * g[2] + q[2]);
+                            let reg: Vec<usize> =
+                                (0..3).map(|k| region(r[k], p[k], w[k], s[k])).collect();
+                            toks.push(((a, b, cc), src, reg));
+                        }
+                    }
+                }
+                let qkv: Vec<Vec<f64>> = toks
+                    .iter()
+                    .map(|(_, src, _)| {
+                        let h = match src {
+                            Some(k) => ln1[*k].clone(),
+                            None => vec![0.0; c],
+                        };
+                        linear(&h, &qw, &qb)
+                    })
+                    .collect();
+                let mut o = vec![vec![0.0; c]; tw];
+                for hh in 0..heads {
+                    for qi in 0..tw {
+                        let (zi, hi, wi) = toks[qi].0;
+                        let mut sc = vec![0.0; tw];
+                        for kj in 0..tw {
+                            let (zj, hj, wj) = toks[kj].0;
+                            let dot: f64 = (0..hd)
+                                .map(|d| qkv[qi][hh * hd + d] * scale * qkv[kj][c + hh * hd + d])
+                                .sum();
+                            let pos = (zi + zj * w[0]) * (2 * w[2] - 1) * w[1] * w[1]
+                                + (hi + hj * w[1]) * (2 * w[2] - 1)
+                                + (wi + w[2] - 1 - wj);
+                            let bias = table[(pos * types + ty) * heads + hh];
+                            let mask = if toks[qi].2 == toks[kj].2 {
+                                0.0
+                            } else {
+                                -100.0
+                            };
+                            sc[kj] = dot + bias + mask;
+                        }
+                        let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let e: Vec<f64> = sc.iter().map(|v| (v - m).exp()).collect();
+                        let sum: f64 = e.iter().sum();
+                        for d in 0..hd {
+                            o[qi][hh * hd + d] = (0..tw)
+                                .map(|kj| e[kj] / sum * qkv[kj][2 * c + hh * hd + d])
+                                .sum();
+                        }
+                    }
+                }
+                for (qi, (_, src, _)) in toks.iter().enumerate() {
+                    if let Some(k) = src {
+                        let y = linear(&o[qi], &pw, &pb);
+                        branch[k * c..(k + 1) * c].copy_from_slice(&y);
+                    }
+                }
+            }
+        }
+    }
+    for (xv, bv) in x.iter_mut().zip(&branch) {
+        *xv += bv;
+    }
+    for k in 0..n {
+        let h = layer_norm(&x[k * c..(k + 1) * c], &g2, &b2);
+        let a: Vec<f64> = linear(&h, &f1w, &f1b).into_iter().map(gelu).collect();
+        let m = linear(&a, &f2w, &f2b);
+        for (xv, mv) in x[k * c..(k + 1) * c].iter_mut().zip(m) {
+            *xv += mv;
+        }
+    }
+}
+
+/// The stage's blocks `0..blocks` in f64 from the file layout: `[N * C]`.
+pub fn stage(cfg: &StageConfig, t: &HashMap<String, Tensor>, blocks: usize) -> Vec<f64> {
+    let mut x = w64(t, "x");
+    let s = [cfg.shift.z, cfg.shift.h, cfg.shift.w];
+    for i in 0..blocks {
+        block(cfg, t, i, if i % 2 == 0 { [0; 3] } else { s }, &mut x);
+    }
+    x
+}
+
+/// Max and RMS of `got - want`.
+pub fn errors(got: &[f64], want: &[f64]) -> (f64, f64) {
+    assert_eq!(got.len(), want.len());
+    let mut max = 0.0f64;
+    let mut sq = 0.0;
+    for (g, w) in got.iter().zip(want) {
+        let d = (g - w).abs();
+        max = max.max(if d.is_nan() { f64::INFINITY } else { d });
+        sq += d * d;
+    }
+    (max, (sq / got.len() as f64).sqrt())
+}
