@@ -10,6 +10,7 @@ pub mod gather;
 pub mod layer_norm;
 pub mod layer_norm_gather;
 pub mod qkv_split;
+pub mod window_attention;
 
 pub use add_layer_norm::*;
 pub use add_layer_norm_gather::*;
@@ -20,3 +21,4 @@ pub use gather::*;
 pub use layer_norm::*;
 pub use layer_norm_gather::*;
 pub use qkv_split::*;
+pub use window_attention::*;
