@@ -216,6 +216,60 @@ fn bias_mask_softmax_from_npy() {
 }
 
 #[test]
+fn window_attention_from_npy() {
+    let d = dir("attn");
+    let (w, h, t) = (2usize, 2usize, 144usize);
+    let c = h * 32;
+    let x: Vec<f16> = halves(w * t * 3 * c, 6)
+        .iter()
+        .map(|v| f16::from_f32(v.to_f32() / 4.0))
+        .collect();
+    let bias = halves(h * t * t, 7);
+    save(&d.join("x.npy"), &[(w * t) as u64, 3 * c as u64], &x);
+    save(&d.join("b.npy"), &[1, h as u64, t as u64, t as u64], &bias);
+    save(&d.join("ty.npy"), &[w as u64], &[0i32, 0]);
+    let arg = |k: &str, f: &str| format!("{k}={}", d.join(f).display());
+    let (a1, a2, a3) = (
+        arg("qkv", "x.npy"),
+        arg("bias", "b.npy"),
+        arg("types", "ty.npy"),
+    );
+    check(
+        "window_attention",
+        &d,
+        &["--in", &a1, "--in", &a2, "--in", &a3, "--heads", "2"],
+    );
+    let (shape, out) = load(&d.join("out.npy"));
+    assert_eq!(shape, vec![(w * t) as u64, c as u64]);
+    let part = |win: usize, head: usize, p: usize| -> Vec<Vec<f64>> {
+        (0..t)
+            .map(|tok| {
+                (0..32)
+                    .map(|dd| x[(win * t + tok) * 3 * c + p * c + head * 32 + dd].to_f64())
+                    .collect()
+            })
+            .collect()
+    };
+    for (win, head, i) in [(0usize, 0usize, 0usize), (1, 1, 143), (1, 0, 77)] {
+        let (q, k, v) = (part(win, head, 0), part(win, head, 1), part(win, head, 2));
+        let b: Vec<f64> = (0..t)
+            .map(|j| bias[(head * t + i) * t + j].to_f64())
+            .collect();
+        let scale = (1.0 / 32f64.sqrt()) as f32 as f64;
+        let want =
+            oracle::attention_row(&q[i], &k, &v, scale, &vec![0.0; t], &b).expect("finite row");
+        for dd in 0..32 {
+            let g = out[(win * t + i) * c + head * 32 + dd].to_f64();
+            assert!(
+                (g - want.out[dd]).abs() <= want.tol[dd],
+                "window {win} head {head} row {i} ch {dd}: {g} vs {}",
+                want.out[dd]
+            );
+        }
+    }
+}
+
+#[test]
 fn bad_inputs_are_reported_not_panicked() {
     let d = dir("bad");
     let out = Command::new(suite_bin())

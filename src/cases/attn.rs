@@ -3,8 +3,8 @@
 //! padded 8x96x180); window (2,6,12) = 144 tokens, head dim 32.
 use super::{Case, Checked, Instance, Rng, par_rows, par_update, ulp_err};
 use wavefuse::{
-    AttnBias, AttnMask, Device, DeviceBuffer, QkvSplit as Params, WindowTable, bias_mask_add,
-    bias_mask_softmax, f16, qkv_split,
+    AttnBias, AttnMask, Device, DeviceBuffer, QkvSplit as Params, WindowAttention as AttnParams,
+    WindowTable, bias_mask_add, bias_mask_softmax, f16, qkv_split, window_attention,
 };
 use wavefuse_shared::window::{Grid3, Shift3, Window3, WindowPlan};
 use wavefuse_suite::oracle;
@@ -319,5 +319,153 @@ impl Instance for BiasMaskSet {
         }
         self.launches = 0;
         Ok(())
+    }
+}
+
+/// The fused window attention from the QKV Linear output (shifted-window
+/// block: earth bias and mask from the planner's tables).
+pub struct WindowAttention {
+    pub windows: usize,
+    pub heads: usize,
+}
+
+struct AttnSet {
+    p: AttnParams,
+    qkv_host: Vec<f16>,
+    bias_host: Vec<f16>,
+    mask_host: Vec<f16>,
+    ty_host: Vec<i32>,
+    slot_host: Vec<i32>,
+    qkv: DeviceBuffer<f16>,
+    out: DeviceBuffer<f16>,
+    bias: DeviceBuffer<f16>,
+    mask: DeviceBuffer<f16>,
+    ty: WindowTable,
+    slot: WindowTable,
+}
+
+impl Case for WindowAttention {
+    fn name(&self) -> String {
+        "window_attention".into()
+    }
+    fn shape(&self) -> String {
+        format!("{}x{}", self.windows, self.heads)
+    }
+    fn bytes(&self) -> usize {
+        // q, k, v read and the output written once, the bias and mask
+        // tables read once (benches/peers.py counts the same).
+        let tile = T * T;
+        8 * self.windows * T * self.heads * HD
+            + 2 * types(self.windows) * self.heads * tile
+            + 2 * slots(self.windows) * tile
+    }
+    fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
+        let mut rng = Rng(seed);
+        let (w, h) = (self.windows, self.heads);
+        let p = plan(w).map_err(|why| wavefuse::Error::BadParameter {
+            op: "harness",
+            what: "windows",
+            value: format!("{w}: {why}"),
+            why: "window plan failed",
+        })?;
+        let n_types = p.n_window_types();
+        let ms = p.mask_slots();
+        let qkv_host = rng.halves(w * T * 3 * h * HD, 1.7, 0.0);
+        let bias_host = rng.halves(n_types * h * T * T, 1.0, 0.0);
+        let mask_host: Vec<f16> = ms.slot_masks.iter().map(|&v| f16::from_f32(v)).collect();
+        let mut ty_host = p.window_type_table();
+        ty_host.truncate(w);
+        let mut slot_host = ms.window_to_slot;
+        slot_host.truncate(w);
+        Ok(Box::new(AttnSet {
+            p: AttnParams::new(h),
+            qkv: dev.upload(&qkv_host)?,
+            out: dev.upload(&vec![f16::NAN; w * T * h * HD])?,
+            bias: dev.upload(&bias_host)?,
+            mask: dev.upload(&mask_host)?,
+            ty: WindowTable::new(dev, &ty_host, n_types)?,
+            slot: WindowTable::new(dev, &slot_host, ms.n_slots)?,
+            qkv_host,
+            bias_host,
+            mask_host,
+            ty_host,
+            slot_host,
+        }))
+    }
+}
+
+impl Instance for AttnSet {
+    fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
+        let (bias, mask) = (self.bias.view(), self.mask.view());
+        let ab = AttnBias {
+            bias: &bias,
+            ty: &self.ty,
+            mask: Some(AttnMask {
+                mask: &mask,
+                slot: &self.slot,
+            }),
+        };
+        window_attention(
+            dev,
+            &self.qkv.view(),
+            None,
+            &ab,
+            &mut self.out.view_mut(),
+            &self.p,
+        )
+    }
+    /// Every query row of every window and head against
+    /// `oracle::attention_row`; the error in units of the contract's bound
+    /// (<= 1 passes).
+    fn check(&mut self, _dev: &Device) -> Result<Checked, String> {
+        let got = self.out.download().map_err(|e| e.to_string())?;
+        let h = self.p.heads;
+        let ch = h * HD;
+        let windows = got.len() / (ch * T);
+        let worst = par_rows(windows * h, |tile| {
+            let (w, head) = (tile / h, tile % h);
+            let part = |p: usize| -> Vec<Vec<f64>> {
+                (0..T)
+                    .map(|t| {
+                        (0..HD)
+                            .map(|d| {
+                                self.qkv_host[(w * T + t) * 3 * ch + p * ch + head * HD + d]
+                                    .to_f64()
+                            })
+                            .collect()
+                    })
+                    .collect()
+            };
+            let (q, k, v): (Vec<Vec<f64>>, _, _) = (part(0), part(1), part(2));
+            let (ty, slot) = (self.ty_host[w] as usize, self.slot_host[w] as usize);
+            let mut worst = 0.0f64;
+            for (i, qi) in q.iter().enumerate() {
+                let tok = w * T + i;
+                let bias: Vec<f64> = (0..T)
+                    .map(|j| self.bias_host[((ty * h + head) * T + i) * T + j].to_f64())
+                    .collect();
+                let mask: Vec<f64> = (0..T)
+                    .map(|j| self.mask_host[(slot * T + i) * T + j].to_f64())
+                    .collect();
+                let want = oracle::attention_row(qi, &k, &v, self.p.scale as f64, &mask, &bias)
+                    .ok_or_else(|| format!("token {tok} head {head}: the oracle's row is NaN"))?;
+                for d in 0..HD {
+                    let g = got[tok * ch + head * HD + d];
+                    let err = (g.to_f64() - want.out[d]).abs() / want.tol[d];
+                    if err.is_nan() || err > 1.0 {
+                        return Err(format!(
+                            "token {tok} head {head} ch {d}: got {g} want {:e} ({err:.2} of the bound)",
+                            want.out[d]
+                        ));
+                    }
+                    worst = worst.max(err);
+                }
+            }
+            Ok(worst)
+        })?;
+        Ok(Checked {
+            max_err_ulp: worst,
+            outputs: got.len(),
+        })
     }
 }

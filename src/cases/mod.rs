@@ -172,5 +172,11 @@ pub fn all(full: bool) -> Vec<Box<dyn Case>> {
             softmax: true,
         }));
     }
+    for &(w, h) in attn {
+        v.push(Box::new(attn::WindowAttention {
+            windows: w,
+            heads: h,
+        }));
+    }
     v
 }

@@ -11,6 +11,7 @@ pub mod layer_norm;
 pub mod layer_norm_gather;
 pub mod ln_stats;
 pub mod qkv_split;
+pub mod window_attention;
 
 pub use add_layer_norm::*;
 pub use add_layer_norm_gather::*;
@@ -21,3 +22,4 @@ pub use gather::*;
 pub use layer_norm::*;
 pub use layer_norm_gather::*;
 pub use qkv_split::*;
+pub use window_attention::*;
