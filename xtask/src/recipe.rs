@@ -151,6 +151,12 @@ impl Object {
     /// Flags for every crate of the build (core and compiler_builtins too).
     pub fn rustflags(&self) -> Vec<String> {
         let mut f = vec![format!("-Ctarget-cpu={}", self.arch)];
+        if self.arch == "sm_80" {
+            // LLVM's default PTX ISA for sm_80 is 7.0; the cache-policy load
+            // (`createpolicy`, `ld.global.L2::cache_hint`) needs 7.4, and
+            // ptxas rejects the module without it.
+            f.push("-Ctarget-feature=+ptx74".into());
+        }
         if self.kind == Kind::AmdElf {
             f.push(format!(
                 "-Cllvm-args=--amdhsa-code-object-version={AMD_CODE_OBJECT_VERSION}"
