@@ -77,15 +77,17 @@ for e in "$here"/bin/example-*; do
 done
 fi
 if has sanitize; then
+  WAVEFUSE_SANITIZE_TOOLS="${WAVEFUSE_SANITIZE_TOOLS:-memcheck,racecheck,initcheck,synccheck}"
   if ! command -v compute-sanitizer >/dev/null; then
     echo "sanitize: compute-sanitizer not found: NOTHING was checked" | tee -a "$out/sanitizer.txt"
   else
   { echo "sanitize: every kernel test binary on the GPU only (WAVEFUSE_TEST_GPU_ONLY=1, WAVEFUSE_REQUIRE=cuda: a binary that cannot open CUDA fails)."
     echo "  memcheck:  out-of-bounds and misaligned global/local/shared accesses, hardware-reported errors."
-    echo "  racecheck: shared-memory data hazards only; wavefuse's kernels use no shared (workgroup) memory, so there is nothing in them for it to inspect."
+    echo "  racecheck: shared-memory data hazards only: of wavefuse's kernels only window_attention uses shared (workgroup) memory; for the others it has nothing to inspect."
     echo "  initcheck: reads of device global memory that was never written."
-    echo "  synccheck: invalid use of synchronization primitives (barriers, warp sync); wavefuse's kernels use no block barrier, their lane exchanges are shfl.sync over the full warp."; } | tee -a "$out/sanitizer.txt"
-  for tool in memcheck racecheck initcheck synccheck; do
+    echo "  synccheck: invalid use of synchronization primitives (barriers, warp sync): window_attention's warp barriers and cp.async waits; the other kernels' lane exchanges are shfl.sync over the full warp."
+    echo "  tools run: ${WAVEFUSE_SANITIZE_TOOLS:-memcheck,racecheck,initcheck,synccheck}; binaries: ${WAVEFUSE_SANITIZE_ONLY:-every GPU test binary}"; } | tee -a "$out/sanitizer.txt"
+  for tool in ${WAVEFUSE_SANITIZE_TOOLS//,/ }; do
     for t in "$here"/bin/test-*; do
       n=$(basename "$t"); case "$n" in test-amd_static|test-emu|test-gather_guard|test-golden_mode|test-wavefuse-suite|test-*-lib|test-hip*) continue;; esac  # no GPU work in these (golden_mode drives the harness on the CPU backend)
       [ -n "${WAVEFUSE_SANITIZE_ONLY:-}" ] && [[ ",$WAVEFUSE_SANITIZE_ONLY," != *",${n#test-},"* ]] && continue
