@@ -40,6 +40,7 @@ cat > bundle/run.sh <<'RUN'
 # Runs on the GPU host: suite, sanitizers, harness, peers. Logs to $1.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+[ -d "$here/bin" ] || tar -C "$here" -xJf "$here/bin.tar.xz"
 all_args="$*"
 export WAVEFUSE_SUITE_BIN="$here/bin/wavefuse-suite"  # for the golden-mode tests
 out="${1:?usage: run.sh OUTDIR [PHASES: suite,sanitize,soak,profile,bench] [full|quick|nopeers] [PEER_FLAGS...]}"; phase="${2:-suite,sanitize,soak,bench}"; mode="${3:-full}"
@@ -127,4 +128,9 @@ fi
 tar czf "$out.tgz" -C "$out" . && echo "packed $out.tgz"
 RUN
 chmod +x bundle/run.sh
-du -sh bundle; ls -la bundle/bin
+# A device call carries at most 64 MiB: the binaries travel xz-compressed
+# (each embeds the same code objects, so they compress well) and unpack on
+# the GPU host at the first run.
+ls -la bundle/bin
+tar -C bundle -cf - bin | xz -T2 -6 > bundle/bin.tar.xz && rm -rf bundle/bin
+du -sh bundle
