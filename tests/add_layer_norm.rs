@@ -293,7 +293,21 @@ fn in_place_and_out_of_place_agree_and_backends_agree() {
         let b = run(&dev, &case, false).expect("out of place");
         assert_eq!(bits(&a.0), bits(&b.0), "{}", info.name);
         assert_eq!(bits(&a.1), bits(&b.1), "{}", info.name);
-        assert_eq!(bits(&a.0), bits(&reference.0), "{}: residual", info.name);
+        // Bit-exact, except that a NaN sum's payload is the hardware's:
+        // NVIDIA's HADD2 returns the canonical 0x7fff, the emulator (and
+        // gfx9) propagate the input's quieted payload (both are PyTorch's
+        // NaN on that device).
+        let nan_canon = |v: &[f16]| {
+            v.iter()
+                .map(|x| if x.is_nan() { 0x7fff } else { x.to_bits() })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            nan_canon(&a.0),
+            nan_canon(&reference.0),
+            "{}: residual",
+            info.name
+        );
         let differ = common::agrees_with_emulator(info.backend, &info.name, &a.1, &reference.1);
         eprintln!(
             "{}: {differ} of {} y elements differ from the emulator",
