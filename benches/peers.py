@@ -61,6 +61,9 @@ Byte formulas (f16 = 2 bytes; must equal the harness's Case::bytes()):
                             counted (8*N bytes each as int64 here).
   bias_mask_softmax NxH     the same as bias_mask_add
   softmax NxH               2 * 2*N*H*144*144
+  window_attention NxH      qkv [N*144, 3*32*H] read and out [N*144, 32*H]
+                            written (8*N*144*32*H), plus the bias and mask
+                            tables read once as for bias_mask_add
 
 Shapes: "[R,C]" for row ops, "ZxHxWxC" (the unpadded grid) for the gather
 family, "NxH" (windows x heads) for the attention ops; the grids are
@@ -83,11 +86,20 @@ Implementations worth knowing about:
                          for the compact [N,H,144,32] layout the harness writes
   bias_mask_*            attn + bias[type_idx].view(N,H,144,144)
                          + mask[slot_idx].view(N,1,144,144), as Pangu writes it
+  window_attention       Pangu's / Swin's WindowAttention.forward from the qkv
+                         Linear output: reshape/permute to q, k, v, q * scale,
+                         q @ k^T, + bias + mask as above, softmax, @ v,
+                         transpose(1, 2).reshape(N*144, C). Extra impl "sdpa":
+                         F.scaled_dot_product_attention on the q, k, v views
+                         with the bias + mask materialised once per input set
+                         as an [N,H,144,144] f16 attn_mask (outside the timed
+                         call, as a model could cache it per window type)
 Compiled versions record max_abs_diff_vs_eager (on input set 0); --list
 prints the cases and their byte counts without a GPU.
 
 Output: JSON lines (--out, default peers.jsonl), one record per
-(variant, shape, impl), impl in {eager, compile, compile_max_autotune, copy}.
+(variant, shape, impl), impl in {eager, compile, compile_max_autotune, copy}
+(and a case's extra impls, e.g. "sdpa"; "wavefuse" with --wavefuse-ptx).
 A failed implementation gets a record with "error" and null timings.
 """
 
@@ -241,19 +253,49 @@ def op_softmax(attn):
     return torch.softmax(attn, dim=-1)
 
 
+def make_window_attention(windows, heads):
+    """Pangu's / Swin's window attention from the qkv Linear output."""
+    scale = HEAD_DIM ** -0.5
+
+    def op_window_attention(qkv, bias, mask, type_idx, slot_idx):
+        t = qkv.view(windows, TOKENS, 3, heads, HEAD_DIM).permute(2, 0, 3, 1, 4)
+        q, k, v = t[0] * scale, t[1], t[2]
+        attn = bias_mask(q @ k.transpose(-2, -1), bias, mask, type_idx, slot_idx)
+        attn = torch.softmax(attn, dim=-1)
+        return (attn @ v).transpose(1, 2).reshape(windows * TOKENS, heads * HEAD_DIM)
+    return op_window_attention
+
+
+def make_window_attention_sdpa(windows, heads):
+    """(prepare, fn): SDPA with the bias + mask materialised by prepare."""
+    def prepare(qkv, bias, mask, type_idx, slot_idx):
+        t = qkv.view(windows, TOKENS, 3, heads, HEAD_DIM).permute(2, 0, 3, 1, 4)
+        am = (bias[type_idx].view(windows, heads, TOKENS, TOKENS)
+              + mask[slot_idx].view(windows, 1, TOKENS, TOKENS)).contiguous()
+        return (t[0], t[1], t[2], am)
+
+    def op_sdpa(q, k, v, am):
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=am, scale=HEAD_DIM ** -0.5)
+        return o.transpose(1, 2).reshape(windows * TOKENS, heads * HEAD_DIM)
+    return prepare, op_sdpa
+
+
 # ---------------------------------------------------------------- cases
 
 class Case:
     """variant, shape string, bytes, a function, and a maker of one input
     set (a tuple of tensors; tensors shared by all sets may be reused)."""
 
-    def __init__(self, variant, shape, nbytes, fn, make_set, extra=None):
+    def __init__(self, variant, shape, nbytes, fn, make_set, extra=None, alt=None):
         self.variant = variant
         self.shape = shape
         self.bytes = nbytes
         self.fn = fn
         self.make_set = make_set
         self.extra = extra or {}
+        # Extra implementations, impl -> (prepare, fn): prepare turns an
+        # input set into fn's arguments once, outside the timed calls.
+        self.alt = alt or {}
         self.wavefuse = None  # wavefuse's kernel on the same tensors (--wavefuse-ptx)
 
 
@@ -366,6 +408,26 @@ def attn_cases():
         out.append(Case("bias_mask_softmax", f"{n}x{h}", nb, op_bias_mask_softmax, make, extra))
         out.append(Case("softmax", f"{n}x{h}", 2 * 2 * n * h * tt, op_softmax,
                         lambda n=n, h=h: (randn((n, h, TOKENS, TOKENS), 2.0),)))
+    for n, h, grid in ATTN:
+        n_types = (grid[0] // WINDOW[0]) * (grid[1] // WINDOW[1])
+        c = HEAD_DIM * h
+        nb = 8 * n * TOKENS * c + 2 * n_types * h * tt + 2 * N_SLOTS * tt
+        holder = {}
+
+        def make(n=n, h=h, c=c, grid=grid, holder=holder):
+            if "maps" not in holder:
+                holder["maps"] = window_maps(grid)
+            type_idx, slot_idx, n_types = holder["maps"]
+            qkv = randn((n * TOKENS, 3 * c))
+            bias = randn((n_types, h, TOKENS, TOKENS), 0.5)
+            mask = torch.where(torch.rand((N_SLOTS, TOKENS, TOKENS), device=DEV) < 0.25,
+                               -100.0, 0.0).to(F16)
+            mask[0].zero_()
+            return (qkv, bias, mask, type_idx, slot_idx)
+
+        extra = {"n_types": n_types, "n_slots": N_SLOTS}
+        out.append(Case("window_attention", f"{n}x{h}", nb, make_window_attention(n, h), make,
+                        extra, alt={"sdpa": make_window_attention_sdpa(n, h)}))
     return out
 
 
@@ -587,6 +649,22 @@ def run_case(case, impls, args, l2, ahead, env, emit):
                 log(f"  copy FAILED: {err}")
                 rec("copy", error=err)
             torch.cuda.empty_cache()
+    for impl, (prepare, fn) in case.alt.items():
+        try:
+            alt_sets = [prepare(*st) for st in sets]
+            out0 = fn(*alt_sets[0])
+            torch.cuda.synchronize()
+            extra = {} if ref is None else {"max_abs_diff_vs_eager": max_abs_diff(out0, ref)}
+            del out0
+            raw = time_loop(fn, alt_sets, args.reps, args.warmup, ahead)
+            del alt_sets
+            r = rec(impl, **extra, **summary(raw, case.bytes))
+            log(f"  {impl:<22} {r['median_us']:10.1f} us  {r['gbps']:8.0f} GB/s")
+        except Exception as e:
+            err = short_error(e)
+            log(f"  {impl:<22} FAILED: {err.splitlines()[0] if err else ''}")
+            rec(impl, error=err)
+        torch.cuda.empty_cache()
     del ref, sets
     reset_compiler()
     torch.cuda.empty_cache()
@@ -603,6 +681,9 @@ def attach_wavefuse(cases, ptx):
             lin = partition_index(z, h, w)
             table = torch.where(lin == z * h * w, torch.full_like(lin, -1), lin).to(torch.int32)
             c.wavefuse = wf_launch.gather(drv, table.contiguous())
+        elif c.variant == "window_attention":
+            n, h = (int(v) for v in c.shape.split("x"))
+            c.wavefuse = wf_launch.window_attention(drv, n, h, c.extra["n_types"], c.extra["n_slots"])
 
 
 def main(argv=None):
@@ -619,7 +700,7 @@ def main(argv=None):
     ap.add_argument("--no-launch-ahead", action="store_true",
                     help="no torch.cuda._sleep spacer before each timed loop")
     ap.add_argument("--wavefuse-ptx", default=None, metavar="PTX",
-                    help="also time wavefuse's add_layer_norm and gather kernels from this PTX "
+                    help="also time wavefuse's add_layer_norm, gather and window_attention kernels from this PTX "
                          "in this process, on the same tensors (impl 'wavefuse')")
     ap.add_argument("--list", action="store_true", help="list the cases and exit (no GPU needed)")
     ap.add_argument("--verbose", action="store_true", help="full tracebacks on failures")

@@ -16,6 +16,11 @@ import ctypes
 import torch
 
 ROW_BLOCK = 256  # wavefuse_shared::layout::ROW_BLOCK
+# wavefuse_shared::geometry: ATTN_WAVES warps per (window, head) workgroup and
+# its workgroup memory (q, k, v tiles of 144 rows at a 40-half stride, then
+# each warp's 16-row bias buffer at a 152-half stride): 48 KiB.
+ATTN_WAVES = 3
+ATTN_SHARED_BYTES = 3 * 144 * 40 * 2 + ATTN_WAVES * 16 * 152 * 2
 
 
 class Driver:
@@ -44,11 +49,12 @@ class Driver:
             self.funcs[name] = f
         return self.funcs[name]
 
-    def launch(self, name, grid, block, args):
-        """args: ctypes scalars (c_uint64 for pointers and u64, c_float)."""
+    def launch(self, name, grid, block, args, shared=0):
+        """args: ctypes scalars (c_uint64 for pointers and u64, c_uint32,
+        c_float); shared: launch-sized workgroup memory in bytes."""
         params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self._check(self.cu.cuLaunchKernel(self.func(name), grid, 1, 1, block, 1, 1, 0, stream,
+        self._check(self.cu.cuLaunchKernel(self.func(name), grid, 1, 1, block, 1, 1, shared, stream,
                                            params, None), f"cuLaunchKernel({name})")
 
 
@@ -84,5 +90,27 @@ def gather(drv, table):
         lanes = {192: 16, 384: 32}[width]  # layout::gather_layout
         drv.launch(f"wf_gather_{width}", -(-n_out // (ROW_BLOCK // lanes)), ROW_BLOCK,
                    [ptr(x), ptr(table), ptr(out), ctypes.c_uint64(n_out), ctypes.c_uint64(n_src)])
+        return out
+    return fn
+
+
+def window_attention(drv, windows, heads, n_types, n_slots, name="wf_window_attention_mask_144"):
+    """(qkv, bias, mask, type_idx, slot_idx) -> out [windows*144, 32*heads],
+    like peers.make_window_attention (scale 32^-0.5, no QKV bias); the
+    int64 maps become the int32 tables the kernel reads (converted once per
+    map tensor)."""
+    scale = ctypes.c_float(32 ** -0.5)
+    tables = {}
+
+    def fn(qkv, bias, mask, type_idx, slot_idx):
+        key = (type_idx.data_ptr(), slot_idx.data_ptr())
+        if key not in tables:
+            tables[key] = (type_idx.to(torch.int32).contiguous(), slot_idx.to(torch.int32).contiguous())
+        ty, sl = tables[key]
+        out = torch.empty((windows * 144, 32 * heads), device=qkv.device, dtype=qkv.dtype)
+        drv.launch(name, windows * heads, ATTN_WAVES * 32,
+                   [ptr(qkv), ctypes.c_uint64(0), ptr(out), ptr(bias), ptr(mask), ptr(ty), ptr(sl),
+                    ctypes.c_uint32(heads), ctypes.c_uint32(n_types), ctypes.c_uint32(n_slots), scale],
+                   shared=ATTN_SHARED_BYTES)
         return out
     return fn

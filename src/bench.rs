@@ -29,6 +29,10 @@ pub struct Record {
     /// before it (0 = no growth).
     pub mem_growth_bytes: usize,
     pub max_err_ulp: f64,
+    /// Output elements compared with the f64 oracle: every element every
+    /// input set holds after the timed loop (in-place kernels: the state
+    /// after all their launches, replayed on the host).
+    pub checked_outputs: usize,
     pub correct: bool,
 }
 
@@ -155,14 +159,18 @@ pub fn run_case(
         inst[i % sets].launch(dev).map_err(e)?;
     }
     let raw = time_loop(dev, reps, spacer.as_mut(), |i| inst[i % sets].launch(dev)).map_err(e)?;
-    // Correctness of what was timed: the last launch's output of every set
-    // is checked against the f64 oracle.
+    // Correctness of what was timed: every output element of every set
+    // against the f64 oracle (in-place kernels after all their launches).
     let mut max_err = 0.0f64;
+    let mut checked = 0;
     let mut correct = true;
     dev.synchronize().map_err(e)?;
     for i in inst.iter_mut() {
         match i.check(dev) {
-            Ok(err) => max_err = max_err.max(err),
+            Ok(c) => {
+                max_err = max_err.max(c.max_err_ulp);
+                checked += c.outputs;
+            }
             Err(msg) => {
                 eprintln!("\n{} {}: {msg}", case.name(), case.shape());
                 correct = false;
@@ -229,6 +237,7 @@ pub fn run_case(
         mem_used_after: after,
         mem_growth_bytes: after.saturating_sub(before),
         max_err_ulp: max_err,
+        checked_outputs: checked,
         correct,
     })
 }

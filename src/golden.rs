@@ -19,13 +19,14 @@
 //! | `qkv_split` | `qkv` [W*144, 3C] (`--heads H`) | `q`, `k`, `v` [W, H, 144, 32] |
 //! | `bias_mask_add` | `scores` [W, H, T, T], `bias` [types, H, T, T], `types` [W] [, `mask` [slots, T, T], `slots` [W]] | `scores` |
 //! | `bias_mask_softmax` | as `bias_mask_add` | `probs` |
+//! | `window_attention` | `qkv` [W*144, 3C] [, `qkv_bias` [3C]], `bias` [types, H, 144, 144], `types` [W] [, `mask` [slots, 144, 144], `slots` [W]] (`--heads H`, scale 32^-0.5) | `out` [W*144, C] |
 use npyz::WriterBuilder;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use wavefuse::{
     Affine, AttnBias, AttnMask, Choice, Device, DeviceBuffer, GatherPlan, GeluBias, GeluMode,
-    QkvSplit, WindowTable, add_layer_norm_to, bias_gelu, bias_mask_add, bias_mask_softmax, f16,
-    gather, layer_norm, layer_norm_gather, qkv_split,
+    QkvSplit, WindowAttention, WindowTable, add_layer_norm_to, bias_gelu, bias_mask_add,
+    bias_mask_softmax, f16, gather, layer_norm, layer_norm_gather, qkv_split, window_attention,
 };
 
 pub struct Tensor<T> {
@@ -306,6 +307,53 @@ pub fn run(args: impl Iterator<Item = String>) -> Result<(), String> {
                 bias_mask_softmax(&dev, &sd.view(), &mut p.view_mut(), heads, t, &ab).map_err(e)?;
                 a.write("probs", &s.shape, &p.download().map_err(e)?)?;
             }
+        }
+        "window_attention" => {
+            let (x, bias, types) = (a.f16("qkv")?, a.f16("bias")?, a.i32("types")?);
+            let heads = a.heads.ok_or("window_attention needs --heads H")?;
+            let p = WindowAttention::new(heads);
+            if bias.shape.len() != 4 {
+                return Err("bias must be 4-D: [types, heads, 144, 144]".into());
+            }
+            let ty = WindowTable::new(&dev, &types.data, bias.shape[0] as usize).map_err(e)?;
+            let (xd, bd) = (
+                dev.upload(&x.data).map_err(e)?,
+                dev.upload(&bias.data).map_err(e)?,
+            );
+            let qb = if a.has("qkv_bias") {
+                Some(dev.upload(&a.f16("qkv_bias")?.data).map_err(e)?)
+            } else {
+                None
+            };
+            let mask = if a.has("mask") {
+                let (m, sl) = (a.f16("mask")?, a.i32("slots")?);
+                let n_slots = m.shape.first().copied().unwrap_or(0) as usize;
+                Some((
+                    dev.upload(&m.data).map_err(e)?,
+                    WindowTable::new(&dev, &sl.data, n_slots).map_err(e)?,
+                ))
+            } else {
+                None
+            };
+            let (mv, bv, qbv) = (
+                mask.as_ref().map(|(m, _)| m.view()),
+                bd.view(),
+                qb.as_ref().map(|b| b.view()),
+            );
+            let ab = AttnBias {
+                bias: &bv,
+                ty: &ty,
+                mask: match (&mv, &mask) {
+                    (Some(m), Some((_, slot))) => Some(AttnMask { mask: m, slot }),
+                    _ => None,
+                },
+            };
+            let mut out = dev.alloc::<f16>(x.data.len() / 3).map_err(e)?;
+            window_attention(&dev, &xd.view(), qbv.as_ref(), &ab, &mut out.view_mut(), &p)
+                .map_err(e)?;
+            let c = (heads * p.head_dim) as u64;
+            let tokens = out.len() as u64 / c.max(1);
+            a.write("out", &[tokens, c], &out.download().map_err(e)?)?;
         }
         other => return Err(format!("check: unknown kernel {other}")),
     }

@@ -8,11 +8,13 @@
 //!                        [--reps N] [--only SUBSTRING|=NAME] [--quick]
 //! ```
 //! Writes `DIR/results.jsonl` (one record per case) and `DIR/chart.svg`.
-//! `wavefuse-suite check ...` is the golden mode (see `golden.rs`).
+//! `wavefuse-suite check ...` is the golden mode (see `golden.rs`),
+//! `wavefuse-suite soak ...` the soak (see `soak.rs`).
 mod bench;
 mod cases;
 mod golden;
 mod report;
+mod soak;
 
 use std::process::ExitCode;
 use wavefuse::{BackendKind, Choice, Device};
@@ -53,6 +55,15 @@ fn parse() -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("soak") {
+        return match soak::run(std::env::args().skip(2)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("soak: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if std::env::args().nth(1).as_deref() == Some("check") {
         return match golden::run(std::env::args().skip(2)) {
             Ok(()) => ExitCode::SUCCESS,
@@ -66,7 +77,7 @@ fn main() -> ExitCode {
         Ok(a) => a,
         Err(e) => {
             eprintln!(
-                "{e}\nusage: wavefuse-suite [--backend auto|cuda|hip|cpu|cpu32] [--out DIR] [--reps N] [--only S] [--quick]"
+                "{e}\nusage: wavefuse-suite [--backend auto|cuda|hip|cpu|cpu32] [--out DIR] [--reps N] [--only S] [--quick]\n       wavefuse-suite soak [--backend B] [--launches N] [--only S]\n       wavefuse-suite check KERNEL --in NAME=PATH ... (src/golden.rs)"
             );
             return ExitCode::from(2);
         }

@@ -43,3 +43,77 @@ pub fn softmax_row(x: &[f64]) -> Vec<f64> {
     let s: f64 = e.iter().sum();
     e.iter().map(|v| v / s).collect()
 }
+
+/// f16 ulp of `x` (floored at the smallest normal's, 2^-24).
+pub fn f16_ulp(x: f64) -> f64 {
+    let a = x.abs().max(f16::MIN_POSITIVE.to_f64());
+    2f64.powf(a.log2().floor() - 10.0)
+}
+
+/// One query row of window attention in f64, with the tolerance of
+/// wavefuse's contract (`wavefuse::ops::window_attention`) per channel.
+pub struct AttnRow {
+    /// `sum_j p_j v_j` per channel.
+    pub out: Vec<f64>,
+    /// Allowed `|got - out|` per channel.
+    pub tol: Vec<f64>,
+}
+
+/// `softmax(scale * q.k_j + mask_j + bias_j) . v` for one query `q` over
+/// the keys `k[j]` and values `v[j]` (every input as the kernel sees it,
+/// in f64); `None` where the row is NaN (a NaN or +inf score, or all -inf).
+/// The tolerance is the documented bound, per channel:
+/// `ulp(out) / 2 + ulp(M) + sum_j p_j |v_j| dz_j + M dz_max
+/// + 2^-24 sum_j |v_j| / sum_j e_j`, with `M = sum_j p_j |v_j|` and
+/// `dz_j = 2^-17 scale sum_d |q_d k_jd| + 2^-22 (|mask_j| + |bias_j| + |z_j|)`
+/// (f32 scores: the matrix unit's accumulation, then the roundings of
+/// `z`), `dz_max` that of the row's maximum plus `2^-22 |max|` (the
+/// exponent's `fma`).
+pub fn attention_row(
+    q: &[f64],
+    k: &[Vec<f64>],
+    v: &[Vec<f64>],
+    scale: f64,
+    mask: &[f64],
+    bias: &[f64],
+) -> Option<AttnRow> {
+    let n = k.len();
+    let mut z = vec![0.0; n];
+    let mut dz = vec![0.0; n];
+    for j in 0..n {
+        let s: f64 = q.iter().zip(&k[j]).map(|(a, b)| a * b).sum();
+        let sa: f64 = q.iter().zip(&k[j]).map(|(a, b)| (a * b).abs()).sum();
+        z[j] = s * scale + mask[j] + bias[j];
+        dz[j] = 2f64.powi(-17) * scale * sa
+            + 2f64.powi(-22) * (mask[j].abs() + bias[j].abs() + z[j].abs());
+    }
+    let (arg, mx) = z
+        .iter()
+        .copied()
+        .enumerate()
+        .fold(
+            (0, f64::NEG_INFINITY),
+            |(a, m), (j, x)| if x > m { (j, x) } else { (a, m) },
+        );
+    if z.iter().any(|x| x.is_nan()) || mx == f64::INFINITY || mx == f64::NEG_INFINITY {
+        return None;
+    }
+    let dz_max = dz[arg] + 2f64.powi(-22) * mx.abs();
+    let e: Vec<f64> = z.iter().map(|x| (x - mx).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    let d = v.first().map_or(0, Vec::len);
+    let (mut out, mut tol) = (vec![0.0; d], vec![0.0; d]);
+    for c in 0..d {
+        let o: f64 = (0..n).map(|j| e[j] * v[j][c]).sum::<f64>() / sum;
+        let m: f64 = (0..n).map(|j| e[j] * v[j][c].abs()).sum::<f64>() / sum;
+        let mz: f64 = (0..n)
+            .filter(|&j| e[j] > 0.0) // -inf scores: exactly 0, whatever dz
+            .map(|j| e[j] * v[j][c].abs() * dz[j])
+            .sum::<f64>()
+            / sum;
+        let va: f64 = (0..n).map(|j| v[j][c].abs()).sum();
+        out[c] = o;
+        tol[c] = 0.5 * f16_ulp(o) + f16_ulp(m) + mz + m * dz_max + 2f64.powi(-24) * va / sum;
+    }
+    Some(AttnRow { out, tol })
+}

@@ -54,10 +54,12 @@ pub fn write_all(dir: &Path, info: &DeviceInfo, recs: &[Record]) -> std::io::Res
     Ok(())
 }
 
+/// The results table; "checked" counts the output elements compared with
+/// the f64 oracle (every element of every input set).
 pub fn print_table(info: &DeviceInfo, recs: &[Record]) {
     println!("# {} ({}, {})", info.name, info.code_object, info.driver);
     println!(
-        "| {:<22} | {:<16} | {:>9} | {:>9} | {:>8} | {:>9} | {:>7} | {:>8} | {:>7} |",
+        "| {:<22} | {:<16} | {:>9} | {:>9} | {:>8} | {:>9} | {:>7} | {:>8} | {:>7} | {:>11} |",
         "kernel",
         "shape",
         "median us",
@@ -66,12 +68,13 @@ pub fn print_table(info: &DeviceInfo, recs: &[Record]) {
         "copy us",
         "% copy",
         "cold us",
-        "max ulp"
+        "max ulp",
+        "checked"
     );
-    println!("|{}|", ["-"; 9].map(|_| "----------").join("|"));
+    println!("|{}|", ["-"; 10].map(|_| "----------").join("|"));
     for r in recs {
         println!(
-            "| {:<22} | {:<16} | {:>9.1} | {:>4.0}-{:<4.0} | {:>8.0} | {:>9.1} | {:>6.1}% | {:>8.0} | {:>7.2} |",
+            "| {:<22} | {:<16} | {:>9.1} | {:>4.0}-{:<4.0} | {:>8.0} | {:>9.1} | {:>6.1}% | {:>8.0} | {:>7.2} | {:>11} |",
             r.variant,
             r.shape,
             r.median_us,
@@ -81,7 +84,8 @@ pub fn print_table(info: &DeviceInfo, recs: &[Record]) {
             r.copy_median_us,
             r.pct_of_copy,
             r.cold_first_launch_us,
-            r.max_err_ulp
+            r.max_err_ulp,
+            r.checked_outputs
         );
     }
 }

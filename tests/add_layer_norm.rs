@@ -2,15 +2,18 @@
 //!
 //! `residual_out` must be bit-exact: the f16 sum rounded once (nearest-even)
 //! from the exact f64 sum. `y` is checked against the f64 LayerNorm of that
-//! ROUNDED sum with the tolerance of tests/layer_norm.rs (1 f16 ulp, or the
-//! f32 conditioning term); `classic_bug_normalising_unrounded_sum_is_caught`
+//! ROUNDED sum with `check_ln_row` (one f16 ulp, no conditioning term; see
+//! tests/layer_norm.rs); the sums are drawn ill-conditioned often
+//! (`common::rows::add_inputs`). `classic_bug_normalising_unrounded_sum_is_caught`
 //! builds rows where normalising the unrounded sum gives different f16
 //! outputs and shows the check tells the two apart.
+#[macro_use]
 mod common;
 mod fused;
 
-use common::{POISON, Rng, devices, halves};
-use fused::{add_f16, check_ln_row, round_f16};
+use common::rows::{AFFINE_KINDS, add_inputs, affine, eps};
+use common::{POISON, Rng, check_ln_row, cpu, devices};
+use fused::{add_f16, round_f16};
 use half::f16;
 use proptest::prelude::*;
 use wavefuse::{Affine, Device, Error, add_layer_norm, add_layer_norm_to};
@@ -27,58 +30,22 @@ struct Case {
     eps: f32,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn make_case(
-    seed: u64,
-    width: usize,
-    rows: usize,
-    scale: f64,
-    offset: f64,
-    branch_rel: f64,
-    affine: bool,
-    special: u8,
-) -> Case {
+fn make_case(seed: u64, width: usize, rows: usize, affine_kind: Option<u8>) -> Case {
     let mut rng = Rng(seed);
-    let n = rows * width;
-    let mut residual = halves(&mut rng, n, scale, offset);
-    let mut branch = halves(&mut rng, n, scale * branch_rel, 0.0);
-    for r in 0..rows {
-        let row = r * width..(r + 1) * width;
-        let col = r * width + rng.below(width as u64) as usize;
-        match (special, rng.below(4)) {
-            // A constant row: constant residual, zero branch.
-            (1, 0) => {
-                let c = residual[r * width];
-                residual[row.clone()].fill(c);
-                branch[row].fill(f16::ZERO);
-            }
-            // A constant sum from a varying residual: r + (-r + c) == c
-            // needs exact cancellation, so use branch = -residual + 0.
-            (1, 1) => {
-                for i in row {
-                    branch[i] = -residual[i];
-                }
-            }
-            (2, 0) => residual[col] = f16::NAN,
-            (2, 1) => branch[col] = f16::INFINITY,
-            (2, 2) => residual[col] = f16::NEG_INFINITY,
-            // Overflow: the f16 sum of two finite halves is +Inf.
-            (2, 3) => {
-                residual[col] = f16::from_f32(60000.0);
-                branch[col] = f16::from_f32(30000.0);
-            }
-            _ => {}
+    let (residual, branch) = add_inputs(&mut rng, rows, width);
+    let eps = eps(&mut rng);
+    let (gamma, beta) = match affine_kind {
+        Some(k) => {
+            let sums: Vec<f16> = residual
+                .iter()
+                .zip(&branch)
+                .map(|(&a, &b)| add_f16(a, b))
+                .collect();
+            let (g, b) = affine(&mut rng, k, &sums, width, eps);
+            (Some(g), Some(b))
         }
-    }
-    let (gamma, beta) = if affine {
-        (
-            Some(halves(&mut rng, width, 0.5, 1.0)),
-            Some(halves(&mut rng, width, 0.5, 0.0)),
-        )
-    } else {
-        (None, None)
+        None => (None, None),
     };
-    let eps = [1e-5f32, 1e-6, 1e-3][rng.below(3) as usize];
     Case {
         width,
         rows,
@@ -92,7 +59,17 @@ fn make_case(
 
 /// Runs the case on `dev` (in place or into a separate, poisoned
 /// `residual_out`) and returns (residual_out, y).
-fn run(dev: &Device, c: &Case, in_place: bool) -> Result<(Vec<f16>, Vec<f16>), Error> {
+fn run(dev: &Device, c: &Case, in_place: bool) -> Result<(Vec<f16>, Vec<f16>), String> {
+    run_op(dev, c, in_place).map_err(|e| e.to_string())?
+}
+
+/// [`run`], with the library's errors and the test's own apart.
+#[allow(clippy::type_complexity)]
+fn run_op(
+    dev: &Device,
+    c: &Case,
+    in_place: bool,
+) -> Result<Result<(Vec<f16>, Vec<f16>), String>, Error> {
     let n = c.residual.len();
     let mut res = dev.upload(&c.residual)?;
     let br = dev.upload(&c.branch)?;
@@ -114,7 +91,7 @@ fn run(dev: &Device, c: &Case, in_place: bool) -> Result<(Vec<f16>, Vec<f16>), E
             affine,
             c.eps,
         )?;
-        Ok((res.download()?, y.download()?))
+        Ok(Ok((res.download()?, y.download()?)))
     } else {
         let mut out = dev.upload(&vec![POISON; n])?;
         add_layer_norm_to(
@@ -134,18 +111,15 @@ fn run(dev: &Device, c: &Case, in_place: bool) -> Result<(Vec<f16>, Vec<f16>), E
             .zip(&c.residual)
             .any(|(a, b)| a.to_bits() != b.to_bits())
         {
-            return Err(Error::Empty {
-                op: "test: add_layer_norm_to wrote residual",
-                what: "residual",
-            });
+            return Ok(Err("add_layer_norm_to wrote `residual`".into()));
         }
-        Ok((out.download()?, y.download()?))
+        Ok(Ok((out.download()?, y.download()?)))
     }
 }
 
 /// Checks one case on `dev`; returns the worst y error in ulps.
 fn check(dev: &Device, c: &Case, in_place: bool) -> Result<f64, String> {
-    let (rout, y) = run(dev, c, in_place).map_err(|e| e.to_string())?;
+    let (rout, y) = run(dev, c, in_place)?;
     let want: Vec<f16> = c
         .residual
         .iter()
@@ -184,23 +158,14 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
 
     #[test]
-    fn matches_f64_oracle(
+    fn within_one_ulp_of_f64(
         seed in any::<u64>(),
         wi in 0usize..3,
         rows in prop_oneof![1usize..4, 30usize..34, 60usize..100],
-        log_scale in -3.0f64..4.7,
-        offset_kind in 0u8..3,
-        log_branch_rel in -3.0f64..0.5,
-        affine in any::<bool>(),
-        special in 0u8..3,
+        affine_kind in prop_oneof![Just(None), (0..AFFINE_KINDS).prop_map(Some)],
         in_place in any::<bool>(),
     ) {
-        let width = WIDTHS[wi];
-        let scale = 10f64.powf(log_scale);
-        let offset = match offset_kind { 0 => 0.0, 1 => 3.0 * scale, _ => -100.0 };
-        let case = make_case(
-            seed, width, rows, scale, offset, 10f64.powf(log_branch_rel), affine, special,
-        );
+        let case = make_case(seed, WIDTHS[wi], rows, affine_kind);
         for dev in devices() {
             let r = check(&dev, &case, in_place);
             prop_assert!(r.is_ok(), "{} (in place {in_place}): {}", dev.info().name, r.err().unwrap_or_default());
@@ -211,14 +176,14 @@ proptest! {
 #[test]
 fn big_row_counts_all_widths_both_modes() {
     for (i, &w) in WIDTHS.iter().enumerate() {
-        for affine in [false, true] {
-            let case = make_case(0xADD + i as u64, w, 517, 1.0, 0.5, 0.3, affine, 1);
+        for affine_kind in [None, Some(0), Some(2)] {
+            let case = make_case(0xADD + i as u64, w, 517, affine_kind);
             for dev in devices() {
                 for in_place in [false, true] {
                     let worst = check(&dev, &case, in_place)
                         .unwrap_or_else(|e| panic!("{}: {e}", dev.info().name));
                     eprintln!(
-                        "width {w} affine {affine} in place {in_place} {}: worst {worst:.2} ulp",
+                        "width {w} affine {affine_kind:?} in place {in_place} {}: worst {worst:.2} ulp",
                         dev.info().name
                     );
                 }
@@ -319,9 +284,8 @@ fn in_place_and_out_of_place_agree_and_backends_agree() {
     // Across backends the residual is bit-exact everywhere; `y` follows
     // `common::agrees_with_emulator` (the emulator, wave64, is the reference
     // even where the suite runs GPU-only).
-    let case = make_case(11, 384, 77, 2.0, 1.0, 0.1, true, 0);
-    let emu = Device::open(wavefuse::Choice::Cpu(wavefuse::Wave::W64)).expect("emulator");
-    let reference = run(&emu, &case, true).expect("in place");
+    let case = make_case(11, 384, 77, Some(0));
+    let reference = run(&cpu(), &case, true).expect("in place");
     let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for dev in devices() {
         let info = dev.info();
@@ -329,7 +293,21 @@ fn in_place_and_out_of_place_agree_and_backends_agree() {
         let b = run(&dev, &case, false).expect("out of place");
         assert_eq!(bits(&a.0), bits(&b.0), "{}", info.name);
         assert_eq!(bits(&a.1), bits(&b.1), "{}", info.name);
-        assert_eq!(bits(&a.0), bits(&reference.0), "{}: residual", info.name);
+        // Bit-exact, except that a NaN sum's payload is the hardware's:
+        // NVIDIA's HADD2 returns the canonical 0x7fff, the emulator (and
+        // gfx9) propagate the input's quieted payload (both are PyTorch's
+        // NaN on that device).
+        let nan_canon = |v: &[f16]| {
+            v.iter()
+                .map(|x| if x.is_nan() { 0x7fff } else { x.to_bits() })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            nan_canon(&a.0),
+            nan_canon(&reference.0),
+            "{}: residual",
+            info.name
+        );
         let differ = common::agrees_with_emulator(info.backend, &info.name, &a.1, &reference.1);
         eprintln!(
             "{}: {differ} of {} y elements differ from the emulator",
@@ -357,282 +335,131 @@ fn round_f16_reference_is_nearest_even() {
     );
 }
 
-// ---- one test per bad input: each is rejected before any launch ----
-
-fn cpu() -> Device {
-    Device::open(wavefuse::Choice::Cpu(wavefuse::Wave::W64)).expect("cpu backend")
-}
-
-/// Fresh inputs of `n` elements: (residual, branch, y).
-fn bufs(
-    d: &Device,
-    n: usize,
-) -> (
-    wavefuse::DeviceBuffer<f16>,
-    wavefuse::DeviceBuffer<f16>,
-    wavefuse::DeviceBuffer<f16>,
-) {
-    (
-        d.upload(&vec![f16::ONE; n]).expect("upload"),
-        d.upload(&vec![f16::ONE; n]).expect("upload"),
-        d.upload(&vec![POISON; n]).expect("upload"),
-    )
-}
-
-/// In-place `add_layer_norm` over whole buffers, no affine.
-fn whole(
-    d: &Device,
-    r: &mut wavefuse::DeviceBuffer<f16>,
-    b: &wavefuse::DeviceBuffer<f16>,
-    y: &mut wavefuse::DeviceBuffer<f16>,
-    width: usize,
-    eps: f32,
-) -> Result<(), Error> {
-    add_layer_norm(
-        d,
-        &mut r.view_mut(),
-        &b.view(),
-        &mut y.view_mut(),
-        width,
-        None,
-        eps,
-    )
+#[test]
+fn no_rows_is_a_no_op() {
+    for dev in devices() {
+        let mut r = dev.alloc::<f16>(0).expect("alloc");
+        let b = dev.alloc::<f16>(0).expect("alloc");
+        let mut o = dev.alloc::<f16>(0).expect("alloc");
+        let mut y = dev.alloc::<f16>(0).expect("alloc");
+        for w in WIDTHS {
+            add_layer_norm(
+                &dev,
+                &mut r.view_mut(),
+                &b.view(),
+                &mut y.view_mut(),
+                w,
+                None,
+                1e-5,
+            )
+            .expect("in place");
+            add_layer_norm_to(
+                &dev,
+                &r.view(),
+                &b.view(),
+                &mut o.view_mut(),
+                &mut y.view_mut(),
+                w,
+                None,
+                1e-5,
+            )
+            .expect("out of place");
+        }
+    }
 }
 
 #[test]
-fn rejects_unsupported_width() {
+fn rejects_bad_arguments_before_any_launch() {
     let d = cpu();
-    let (mut r, b, mut y) = bufs(&d, 512);
-    let e = whole(&d, &mut r, &b, &mut y, 256, 1e-5);
-    assert!(
-        matches!(e, Err(Error::UnsupportedWidth { width: 256, .. })),
-        "{e:?}"
-    );
-    // Nothing was written.
-    assert!(
-        r.download()
-            .expect("download")
-            .iter()
-            .all(|v| *v == f16::ONE)
-    );
-}
-
-#[test]
-fn rejects_ragged_rows() {
-    let d = cpu();
-    let (mut r, b, mut y) = bufs(&d, 200);
-    let e = whole(&d, &mut r, &b, &mut y, 192, 1e-5);
-    assert!(
-        matches!(e, Err(Error::RaggedRows { len: 200, .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_empty_input() {
-    let d = cpu();
-    let (mut r, b, mut y) = bufs(&d, 0);
-    let e = whole(&d, &mut r, &b, &mut y, 192, 1e-5);
-    assert!(matches!(e, Err(Error::Empty { .. })), "{e:?}");
-}
-
-#[test]
-fn rejects_branch_length_mismatch() {
-    let d = cpu();
-    let (mut r, _, mut y) = bufs(&d, 384);
-    let b = d.upload(&vec![f16::ONE; 192]).expect("upload");
-    let e = whole(&d, &mut r, &b, &mut y, 192, 1e-5);
-    assert!(
-        matches!(e, Err(Error::LengthMismatch { what: "branch", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_y_length_mismatch() {
-    let d = cpu();
-    let (mut r, b, _) = bufs(&d, 384);
-    let mut y = d.alloc::<f16>(192).expect("alloc");
-    let e = whole(&d, &mut r, &b, &mut y, 192, 1e-5);
-    assert!(
-        matches!(e, Err(Error::LengthMismatch { what: "y", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_residual_out_length_mismatch() {
-    let d = cpu();
-    let (r, b, mut y) = bufs(&d, 384);
-    let mut o = d.alloc::<f16>(192).expect("alloc");
-    let e = add_layer_norm_to(
-        &d,
-        &r.view(),
-        &b.view(),
-        &mut o.view_mut(),
-        &mut y.view_mut(),
-        192,
-        None,
-        1e-5,
-    );
-    assert!(
-        matches!(
-            e,
-            Err(Error::LengthMismatch {
-                what: "residual_out",
-                ..
-            })
-        ),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_misaligned_residual_branch_y_and_residual_out() {
-    let d = cpu();
+    let ones = |n: usize| d.upload(&vec![f16::ONE; n]).expect("upload");
+    let (mut r, b, b385, g200, g193) = (ones(385), ones(385), ones(385), ones(200), ones(193));
+    let mut y = d.upload(&vec![POISON; 385]).expect("upload");
+    let mut o = d.upload(&vec![POISON; 385]).expect("upload");
+    let other = cpu().upload(&vec![f16::ONE; 384]).expect("upload");
     let n = 384;
-    let (mut r, b, mut y) = bufs(&d, n + 1);
-    let mut o = d.alloc::<f16>(n + 1).expect("alloc");
-    {
-        let mut rv = r.slice_mut(1..n + 1).expect("in range");
-        let e = add_layer_norm(
+    // In place, whole rows from offset 0 unless a case says otherwise.
+    let add = |r: &mut wavefuse::DeviceBuffer<f16>,
+               (ro, rn): (usize, usize),
+               b: &wavefuse::View<'_, f16>,
+               y: &mut wavefuse::DeviceBuffer<f16>,
+               (yo, yn): (usize, usize),
+               w: usize,
+               eps: f32| {
+        add_layer_norm(
             &d,
-            &mut rv,
-            &b.slice(0..n).expect("in range"),
-            &mut y.slice_mut(0..n).expect("in range"),
-            192,
+            &mut r.slice_mut(ro..ro + rn).expect("in range"),
+            b,
+            &mut y.slice_mut(yo..yo + yn).expect("in range"),
+            w,
             None,
-            1e-5,
-        );
-        assert!(
-            matches!(
-                e,
-                Err(Error::Misaligned {
-                    what: "residual",
-                    ..
-                })
-            ),
-            "{e:?}"
-        );
-    }
-    {
-        let mut rv = r.slice_mut(0..n).expect("in range");
-        let e = add_layer_norm(
+            eps,
+        )
+    };
+    let aff = |r: &mut wavefuse::DeviceBuffer<f16>,
+               g: &wavefuse::View<'_, f16>,
+               be: &wavefuse::View<'_, f16>,
+               y: &mut wavefuse::DeviceBuffer<f16>| {
+        add_layer_norm(
             &d,
-            &mut rv,
-            &b.slice(1..n + 1).expect("in range"),
-            &mut y.slice_mut(0..n).expect("in range"),
+            &mut r.slice_mut(0..192).expect("in range"),
+            &b.slice(0..192).expect("in range"),
+            &mut y.slice_mut(0..192).expect("in range"),
             192,
-            None,
+            Some(Affine { gamma: g, beta: be }),
             1e-5,
-        );
+        )
+    };
+    let bv = |lo: usize, len: usize| b.slice(lo..lo + len).expect("in range");
+    rejects! {
+        "width 256": add(&mut r, (0, 256), &bv(0, 256), &mut y, (0, 256), 256, 1e-5)
+            => Error::UnsupportedWidth { width: 256, .. },
+        "ragged residual": add(&mut r, (0, 200), &bv(0, 200), &mut y, (0, 200), 192, 1e-5)
+            => Error::RaggedRows { len: 200, .. },
+        "branch length": add(&mut r, (0, n), &bv(0, 192), &mut y, (0, n), 192, 1e-5)
+            => Error::LengthMismatch { what: "branch", .. },
+        "y length": add(&mut r, (0, n), &bv(0, n), &mut y, (0, 192), 192, 1e-5)
+            => Error::LengthMismatch { what: "y", .. },
+        "residual misaligned": add(&mut r, (1, n), &bv(0, n), &mut y, (0, n), 192, 1e-5)
+            => Error::Misaligned { what: "residual", .. },
+        "branch misaligned": add(&mut r, (0, n), &b385.slice(1..385).expect("in range"), &mut y, (0, n), 192, 1e-5)
+            => Error::Misaligned { what: "branch", .. },
+        "y misaligned": add(&mut r, (0, n), &bv(0, n), &mut y, (1, n), 192, 1e-5)
+            => Error::Misaligned { what: "y", .. },
+        "eps < 0": add(&mut r, (0, n), &bv(0, n), &mut y, (0, n), 192, -1e-5)
+            => Error::BadParameter { what: "eps", .. },
+        "eps NaN": add(&mut r, (0, n), &bv(0, n), &mut y, (0, n), 192, f32::NAN)
+            => Error::BadParameter { what: "eps", .. },
+        "eps inf": add(&mut r, (0, n), &bv(0, n), &mut y, (0, n), 192, f32::INFINITY)
+            => Error::BadParameter { what: "eps", .. },
+        "branch of another device": add(&mut r, (0, n), &other.view(), &mut y, (0, n), 192, 1e-5)
+            => Error::WrongDevice { what: "branch", .. },
+        "gamma length": aff(&mut r, &g200.view(), &bv(0, 192), &mut y)
+            => Error::LengthMismatch { what: "gamma", .. },
+        "gamma misaligned": aff(&mut r, &g193.slice(1..193).expect("in range"), &bv(0, 192), &mut y)
+            => Error::Misaligned { what: "gamma", .. },
+        "residual_out length": add_layer_norm_to(
+            &d, &r.slice(0..n).expect("in range"), &bv(0, n),
+            &mut o.slice_mut(0..192).expect("in range"), &mut y.slice_mut(0..n).expect("in range"),
+            192, None, 1e-5,
+        ) => Error::LengthMismatch { what: "residual_out", .. },
+        "residual_out misaligned": add_layer_norm_to(
+            &d, &r.slice(0..n).expect("in range"), &bv(0, n),
+            &mut o.slice_mut(1..n + 1).expect("in range"), &mut y.slice_mut(0..n).expect("in range"),
+            192, None, 1e-5,
+        ) => Error::Misaligned { what: "residual_out", .. },
+    }
+    // No rejected call wrote anything.
+    for (name, buf, fill) in [
+        ("residual", &r, f16::ONE),
+        ("y", &y, POISON),
+        ("residual_out", &o, POISON),
+    ] {
         assert!(
-            matches!(e, Err(Error::Misaligned { what: "branch", .. })),
-            "{e:?}"
+            buf.download()
+                .expect("download")
+                .iter()
+                .all(|v| v.to_bits() == fill.to_bits()),
+            "{name} was written"
         );
     }
-    {
-        let mut rv = r.slice_mut(0..n).expect("in range");
-        let e = add_layer_norm(
-            &d,
-            &mut rv,
-            &b.slice(0..n).expect("in range"),
-            &mut y.slice_mut(1..n + 1).expect("in range"),
-            192,
-            None,
-            1e-5,
-        );
-        assert!(
-            matches!(e, Err(Error::Misaligned { what: "y", .. })),
-            "{e:?}"
-        );
-    }
-    let e = add_layer_norm_to(
-        &d,
-        &r.slice(0..n).expect("in range"),
-        &b.slice(0..n).expect("in range"),
-        &mut o.slice_mut(1..n + 1).expect("in range"),
-        &mut y.slice_mut(0..n).expect("in range"),
-        192,
-        None,
-        1e-5,
-    );
-    assert!(
-        matches!(
-            e,
-            Err(Error::Misaligned {
-                what: "residual_out",
-                ..
-            })
-        ),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_bad_eps() {
-    let d = cpu();
-    let (mut r, b, mut y) = bufs(&d, 192);
-    for eps in [-1e-5, f32::NAN, f32::INFINITY] {
-        let e = whole(&d, &mut r, &b, &mut y, 192, eps);
-        assert!(
-            matches!(e, Err(Error::BadParameter { what: "eps", .. })),
-            "{e:?}"
-        );
-    }
-}
-
-#[test]
-fn rejects_bad_affine_lengths_and_alignment() {
-    let d = cpu();
-    let (mut r, b, mut y) = bufs(&d, 192);
-    let g = d.upload(&vec![f16::ONE; 200]).expect("upload");
-    let bt = d.upload(&vec![f16::ZERO; 192]).expect("upload");
-    let (gv, bv) = (g.view(), bt.view());
-    let e = add_layer_norm(
-        &d,
-        &mut r.view_mut(),
-        &b.view(),
-        &mut y.view_mut(),
-        192,
-        Some(Affine {
-            gamma: &gv,
-            beta: &bv,
-        }),
-        1e-5,
-    );
-    assert!(
-        matches!(e, Err(Error::LengthMismatch { what: "gamma", .. })),
-        "{e:?}"
-    );
-    let gv = g.slice(1..193).expect("in range");
-    let e = add_layer_norm(
-        &d,
-        &mut r.view_mut(),
-        &b.view(),
-        &mut y.view_mut(),
-        192,
-        Some(Affine {
-            gamma: &gv,
-            beta: &bv,
-        }),
-        1e-5,
-    );
-    assert!(
-        matches!(e, Err(Error::Misaligned { what: "gamma", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_buffers_of_another_device() {
-    let d1 = cpu();
-    let d2 = cpu();
-    let (mut r, _, mut y) = bufs(&d1, 192);
-    let b = d2.upload(&vec![f16::ONE; 192]).expect("upload");
-    let e = whole(&d1, &mut r, &b, &mut y, 192, 1e-5);
-    assert!(
-        matches!(e, Err(Error::WrongDevice { what: "branch", .. })),
-        "{e:?}"
-    );
 }

@@ -1,7 +1,8 @@
 //! Static checks of AMD code objects (the AMD path's proof short of
 //! silicon): exactly the registry's kernels, wave64, no scratch, no
-//! spills, the configured code object version; prints VGPR counts and the
-//! widest global load per kernel.
+//! spills, the configured code object version, MFMA instructions in the
+//! matrix kernels and their workgroup memory within gfx9's 64 KiB; prints
+//! VGPR counts and the widest global load per kernel.
 //!
 //! By default every embedded object is checked. `WAVEFUSE_AMD_ELF=
 //! ARCH=FILE[,ARCH=FILE]` checks those files instead (the output of
@@ -112,6 +113,7 @@ struct Meta {
     sgpr_spill: u32,
     private: u32,
     wave: u32,
+    group: u32,
 }
 
 /// Parses `llvm-readobj --notes` (the msgpack metadata printed as YAML).
@@ -149,6 +151,8 @@ fn kernels_meta(notes: &str) -> BTreeMap<String, Meta> {
             m.private = num(l);
         } else if l.starts_with(".wavefront_size:") {
             m.wave = num(l);
+        } else if l.starts_with(".group_segment_fixed_size:") {
+            m.group = num(l);
         } else if let Some(n) = l.strip_prefix(".name:") {
             let n = n.trim().to_string();
             if !n.ends_with(".kd") {
@@ -158,6 +162,36 @@ fn kernels_meta(notes: &str) -> BTreeMap<String, Meta> {
     }
     if let Some((n, m)) = cur.take() {
         out.insert(n, m);
+    }
+    out
+}
+
+/// The kernels that run on the matrix units (`gpu::mma`), with the
+/// launch-sized workgroup memory they are launched with.
+const MATRIX_KERNELS: &[(&str, u32)] = &[
+    (
+        "wf_window_attention_144",
+        wavefuse_shared::geometry::ATTN_SHARED_BYTES,
+    ),
+    (
+        "wf_window_attention_mask_144",
+        wavefuse_shared::geometry::ATTN_SHARED_BYTES,
+    ),
+];
+
+/// Workgroup memory (LDS) one gfx9 workgroup may use.
+const GFX9_LDS: u32 = 64 * 1024;
+
+/// How many instructions of each kernel start with `prefix`.
+fn count_ops(asm: &str, prefix: &str) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    let mut cur = String::new();
+    for line in asm.lines() {
+        if let Some(n) = line.strip_suffix(">:").and_then(|l| l.split('<').nth(1)) {
+            cur = n.to_string();
+        } else if line.split_whitespace().any(|w| w.starts_with(prefix)) {
+            *out.entry(cur.clone()).or_insert(0) += 1;
+        }
     }
     out
 }
@@ -211,7 +245,25 @@ fn amd_code_objects_are_wave64_without_scratch_or_spills() {
             .arg(&path)
             .output()
             .expect("llvm-objdump");
-        let loads = widest_loads(&String::from_utf8_lossy(&asm.stdout));
+        let asm = String::from_utf8_lossy(&asm.stdout);
+        let loads = widest_loads(&asm);
+        let mfma = count_ops(&asm, "v_mfma_f32_16x16x16");
+        for (k, dynamic) in MATRIX_KERNELS {
+            let m = meta
+                .get(*k)
+                .unwrap_or_else(|| panic!("{arch}: kernel {k} missing from the code object"));
+            let n = mfma.get(*k).copied().unwrap_or(0);
+            println!(
+                "{arch} {k:<32} v_mfma_f32_16x16x16 x{n}, workgroup memory {} static + {dynamic} launch-sized",
+                m.group
+            );
+            assert!(n > 0, "{arch} {k}: no v_mfma_f32_16x16x16 instruction");
+            assert!(
+                m.group + dynamic <= GFX9_LDS,
+                "{arch} {k}: {} + {dynamic} bytes of LDS exceed 64 KiB",
+                m.group
+            );
+        }
         let exported: BTreeSet<&str> = meta.keys().map(String::as_str).collect();
         let registry: BTreeSet<&str> = KERNELS.iter().copied().collect();
         assert_eq!(

@@ -6,9 +6,10 @@
 //! floored at the smallest normal's, so subnormal results are held to
 //! 2^-24 absolute). NaN where the oracle gives NaN (NaN inputs, -inf);
 //! results beyond the f16 range must be the infinity of the right sign.
+#[macro_use]
 mod common;
 
-use common::{POISON, Rng, devices, halves, ulp_err};
+use common::{POISON, Rng, cpu, devices, ulp_err};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use wavefuse::{Choice, Device, Error, GeluBias, GeluMode, Wave, bias_gelu};
@@ -208,8 +209,8 @@ fn special_values_follow_the_f32_formula() {
 fn vector_and_scalar_paths_agree_bit_for_bit() {
     let mut rng = Rng(99);
     let cols = 64;
-    let x = halves(&mut rng, 37 * cols, 3.0, 0.0);
-    let b = halves(&mut rng, cols, 1.0, 0.0);
+    let x = rng.halves(37 * cols, 3.0, 0.0);
+    let b = rng.halves(cols, 1.0, 0.0);
     let mut outs = Vec::new();
     for dev in devices() {
         for offset in [0usize, 1] {
@@ -267,7 +268,7 @@ fn make_case(
 ) -> Case {
     let mut rng = Rng(seed);
     let scale = 10f64.powf(log_scale);
-    let mut x = halves(&mut rng, rows * cols, scale, 0.0);
+    let mut x = rng.halves(rows * cols, scale, 0.0);
     if special {
         for v in x.iter_mut() {
             match rng.below(40) {
@@ -288,7 +289,7 @@ fn make_case(
                 .collect(),
         )
     } else {
-        Bias::F16(halves(&mut rng, cols, scale, 0.0))
+        Bias::F16(rng.halves(cols, scale, 0.0))
     };
     Case {
         cols,
@@ -330,140 +331,60 @@ fn several_blocks_with_a_remainder() {
     }
 }
 
-// ---- one test per bad input: each is rejected before any launch ----
+#[test]
+fn no_rows_is_a_no_op() {
+    for dev in devices() {
+        let x = dev.alloc::<f16>(0).expect("alloc");
+        let b = dev.upload(&[f16::ONE; 8]).expect("upload");
+        let mut y = dev.alloc::<f16>(0).expect("alloc");
+        for cols in [8, 3] {
+            let b = b.slice(0..cols).expect("in range");
+            bias_gelu(
+                &dev,
+                &x.view(),
+                GeluBias::F16(&b),
+                &mut y.view_mut(),
+                cols,
+                GeluMode::Erf,
+            )
+            .expect("no-op");
+        }
+    }
+}
 
-fn cpu() -> Device {
-    Device::open(Choice::Cpu(Wave::W64)).expect("cpu backend")
+/// `bias_gelu` on `x` (`x_len` ones), a `bias` view, and a poisoned `y`
+/// of `y_len`.
+fn try_gelu(
+    d: &Device,
+    x_len: usize,
+    bias: GeluBias<'_>,
+    y_len: usize,
+    cols: usize,
+) -> wavefuse::Result<()> {
+    let x = d.upload(&vec![f16::ONE; x_len])?;
+    let mut y = d.upload(&vec![POISON; y_len])?;
+    bias_gelu(d, &x.view(), bias, &mut y.view_mut(), cols, GeluMode::Erf)?;
+    panic!("accepted: {:?}", y.download());
 }
 
 #[test]
-fn rejects_zero_cols() {
-    let d = cpu();
-    let x = d.upload(&[f16::ONE; 8]).expect("upload");
-    let b = d.upload(&[f16::ONE; 8]).expect("upload");
-    let mut y = d.alloc::<f16>(8).expect("alloc");
-    let e = bias_gelu(
-        &d,
-        &x.view(),
-        GeluBias::F16(&b.view()),
-        &mut y.view_mut(),
-        0,
-        GeluMode::Erf,
-    );
-    assert!(
-        matches!(e, Err(Error::BadParameter { what: "cols", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_empty_input() {
-    let d = cpu();
-    let x = d.alloc::<f16>(0).expect("alloc");
-    let b = d.upload(&[f16::ONE; 8]).expect("upload");
-    let mut y = d.alloc::<f16>(0).expect("alloc");
-    let e = bias_gelu(
-        &d,
-        &x.view(),
-        GeluBias::F16(&b.view()),
-        &mut y.view_mut(),
-        8,
-        GeluMode::Erf,
-    );
-    assert!(matches!(e, Err(Error::Empty { .. })), "{e:?}");
-}
-
-#[test]
-fn rejects_ragged_rows() {
-    let d = cpu();
-    let x = d.upload(&[f16::ONE; 20]).expect("upload");
-    let b = d.upload(&[f16::ONE; 8]).expect("upload");
-    let mut y = d.alloc::<f16>(20).expect("alloc");
-    let e = bias_gelu(
-        &d,
-        &x.view(),
-        GeluBias::F16(&b.view()),
-        &mut y.view_mut(),
-        8,
-        GeluMode::Erf,
-    );
-    assert!(
-        matches!(
-            e,
-            Err(Error::RaggedRows {
-                len: 20,
-                width: 8,
-                ..
-            })
-        ),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_output_length_mismatch() {
-    let d = cpu();
-    let x = d.upload(&[f16::ONE; 16]).expect("upload");
-    let b = d.upload(&[f16::ONE; 8]).expect("upload");
-    let mut y = d.alloc::<f16>(8).expect("alloc");
-    let e = bias_gelu(
-        &d,
-        &x.view(),
-        GeluBias::F16(&b.view()),
-        &mut y.view_mut(),
-        8,
-        GeluMode::Erf,
-    );
-    assert!(
-        matches!(e, Err(Error::LengthMismatch { what: "y", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_bias_length_mismatch() {
-    let d = cpu();
-    let x = d.upload(&[f16::ONE; 16]).expect("upload");
-    let b = d.upload(&[bf16::ONE; 7]).expect("upload");
-    let mut y = d.alloc::<f16>(16).expect("alloc");
-    let e = bias_gelu(
-        &d,
-        &x.view(),
-        GeluBias::Bf16(&b.view()),
-        &mut y.view_mut(),
-        8,
-        GeluMode::Tanh,
-    );
-    assert!(
-        matches!(
-            e,
-            Err(Error::LengthMismatch {
-                what: "bias",
-                got: 7,
-                ..
-            })
-        ),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_buffers_of_another_device() {
+fn rejects_bad_arguments_before_any_launch() {
     let d = cpu();
     let other = Device::open(Choice::Cpu(Wave::W32)).expect("cpu backend");
-    let x = d.upload(&[f16::ONE; 8]).expect("upload");
-    let b = other.upload(&[f16::ONE; 8]).expect("upload");
-    let mut y = d.alloc::<f16>(8).expect("alloc");
-    let e = bias_gelu(
-        &d,
-        &x.view(),
-        GeluBias::F16(&b.view()),
-        &mut y.view_mut(),
-        8,
-        GeluMode::Erf,
-    );
-    assert!(
-        matches!(e, Err(Error::WrongDevice { what: "bias", .. })),
-        "{e:?}"
-    );
+    let b8 = d.upload(&[f16::ONE; 8]).expect("upload");
+    let b7 = d.upload(&[bf16::ONE; 7]).expect("upload");
+    let b_other = other.upload(&[f16::ONE; 8]).expect("upload");
+    let (v8, v_other) = (b8.view(), b_other.view());
+    rejects! {
+        "cols 0": try_gelu(&d, 8, GeluBias::F16(&v8), 8, 0)
+            => Error::BadParameter { what: "cols", .. },
+        "ragged x": try_gelu(&d, 20, GeluBias::F16(&v8), 20, 8)
+            => Error::RaggedRows { len: 20, width: 8, .. },
+        "y length": try_gelu(&d, 16, GeluBias::F16(&v8), 8, 8)
+            => Error::LengthMismatch { what: "y", .. },
+        "bias length": try_gelu(&d, 16, GeluBias::Bf16(&b7.view()), 16, 8)
+            => Error::LengthMismatch { what: "bias", got: 7, .. },
+        "bias of another device": try_gelu(&d, 8, GeluBias::F16(&v_other), 8, 8)
+            => Error::WrongDevice { what: "bias", .. },
+    }
 }

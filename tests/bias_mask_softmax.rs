@@ -6,9 +6,10 @@
 //! in f64. Tolerance: 1 f16 ulp (floored at the smallest normal's ulp, so
 //! tiny probabilities are held to 2^-24 absolute). Rows with NaN, +inf, or
 //! only -inf must be NaN everywhere (as `torch.softmax`).
+#[macro_use]
 mod common;
 
-use common::{POISON, Rng, devices, halves, ulp_err};
+use common::{POISON, Rng, cpu, devices, ulp_err};
 use half::f16;
 use proptest::prelude::*;
 use wavefuse::{
@@ -39,7 +40,7 @@ fn make_case(
     special: u8,
 ) -> Case {
     let mut rng = Rng(seed);
-    let mut s = halves(&mut rng, windows * heads * TT, scale, 0.0);
+    let mut s = rng.halves(windows * heads * TT, scale, 0.0);
     let rows = windows * heads * T;
     if special == 1 {
         for r in 0..rows {
@@ -72,7 +73,7 @@ fn make_case(
             }
         }
     }
-    let bias = halves(&mut rng, n_types * heads * TT, 1.0, 0.0);
+    let bias = rng.halves(n_types * heads * TT, 1.0, 0.0);
     let ty = (0..windows)
         .map(|_| rng.below(n_types as u64) as i32)
         .collect();
@@ -283,35 +284,62 @@ fn backends_agree() {
     }
 }
 
-// ---- one test per bad input: each is rejected before any launch ----
-
-fn cpu() -> Device {
-    Device::open(Choice::Cpu(Wave::W64)).expect("cpu backend")
+#[test]
+fn no_windows_is_a_no_op() {
+    for dev in devices() {
+        let mut s = dev.alloc::<f16>(0).expect("alloc");
+        let mut p = dev.alloc::<f16>(0).expect("alloc");
+        let b = dev.upload(&vec![f16::ONE; TT]).expect("upload");
+        let t = WindowTable::new(&dev, &[], 1).expect("empty table");
+        let bv = b.view();
+        let ab = AttnBias {
+            bias: &bv,
+            ty: &t,
+            mask: None,
+        };
+        bias_mask_softmax(&dev, &s.view(), &mut p.view_mut(), 1, T, &ab).expect("no-op");
+        bias_mask_softmax_inplace(&dev, &mut s.view_mut(), 1, T, &ab).expect("no-op");
+    }
 }
 
-#[test]
-fn rejects_tokens_other_than_144() {
-    let d = cpu();
-    let s = d.upload(&[f16::ONE; 64]).expect("upload");
-    let b = d.upload(&[f16::ONE; 64]).expect("upload");
-    let mut p = d.alloc::<f16>(64).expect("alloc");
-    let t = WindowTable::new(&d, &[0], 1).expect("table");
-    let bv = b.view();
+/// `bias_mask_softmax` over one window: `s_len` scores, `bias` of `TT`
+/// on `bias_dev`, probs of `p.1` at offset `p.0`, an optional mask of
+/// `TT` with a slot table of bound `slots`, `tokens` per row.
+fn try_softmax(
+    d: &Device,
+    bias_dev: &Device,
+    s_len: usize,
+    p: (usize, usize),
+    slots: Option<usize>,
+    heads: usize,
+    tokens: usize,
+) -> wavefuse::Result<()> {
+    let s = d.upload(&vec![f16::ONE; s_len])?;
+    let b = bias_dev.upload(&vec![f16::ONE; TT])?;
+    let m = d.upload(&vec![f16::ZERO; TT])?;
+    let mut out = d.upload(&vec![POISON; p.0 + p.1])?;
+    let t = WindowTable::new(d, &[0], 1)?;
+    let sl = WindowTable::new(d, &[0], slots.unwrap_or(1))?;
+    let (bv, mv) = (b.view(), m.view());
     let ab = AttnBias {
         bias: &bv,
         ty: &t,
-        mask: None,
+        mask: slots.map(|_| AttnMask {
+            mask: &mv,
+            slot: &sl,
+        }),
     };
-    let e = bias_mask_softmax(&d, &s.view(), &mut p.view_mut(), 1, 8, &ab);
-    assert!(
-        matches!(e, Err(Error::UnsupportedWidth { width: 8, .. })),
-        "{e:?}"
-    );
+    let mut pv = out.slice_mut(p.0..p.0 + p.1).expect("in range");
+    bias_mask_softmax(d, &s.view(), &mut pv, heads, tokens, &ab)?;
+    panic!("accepted");
 }
 
 #[test]
-fn rejects_zero_heads() {
-    let d = cpu();
+fn rejects_bad_arguments_before_any_launch() {
+    let (d, other) = (
+        cpu(),
+        Device::open(Choice::Cpu(Wave::W32)).expect("cpu backend"),
+    );
     let mut s = d.upload(&vec![f16::ONE; TT]).expect("upload");
     let b = d.upload(&vec![f16::ONE; TT]).expect("upload");
     let t = WindowTable::new(&d, &[0], 1).expect("table");
@@ -321,96 +349,24 @@ fn rejects_zero_heads() {
         ty: &t,
         mask: None,
     };
-    let e = bias_mask_softmax_inplace(&d, &mut s.view_mut(), 0, T, &ab);
+    rejects! {
+        "tokens 8": try_softmax(&d, &d, 64, (0, 64), None, 1, 8)
+            => Error::UnsupportedWidth { width: 8, .. },
+        "heads 0 (in place)": bias_mask_softmax_inplace(&d, &mut s.view_mut(), 0, T, &ab)
+            => Error::BadParameter { what: "heads", .. },
+        "probs length": try_softmax(&d, &d, TT, (0, TT - 8), None, 1, T)
+            => Error::LengthMismatch { what: "probs", .. },
+        "mask length": try_softmax(&d, &d, TT, (0, TT), Some(2), 1, T)
+            => Error::LengthMismatch { what: "mask", .. },
+        "probs misaligned": try_softmax(&d, &d, TT, (4, TT), None, 1, T)
+            => Error::Misaligned { what: "probs", .. },
+        "bias of another device": try_softmax(&d, &other, TT, (0, TT), None, 1, T)
+            => Error::WrongDevice { what: "bias", .. },
+    }
     assert!(
-        matches!(e, Err(Error::BadParameter { what: "heads", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_output_length_mismatch() {
-    let d = cpu();
-    let s = d.upload(&vec![f16::ONE; TT]).expect("upload");
-    let b = d.upload(&vec![f16::ONE; TT]).expect("upload");
-    let mut p = d.alloc::<f16>(TT - 8).expect("alloc");
-    let t = WindowTable::new(&d, &[0], 1).expect("table");
-    let bv = b.view();
-    let ab = AttnBias {
-        bias: &bv,
-        ty: &t,
-        mask: None,
-    };
-    let e = bias_mask_softmax(&d, &s.view(), &mut p.view_mut(), 1, T, &ab);
-    assert!(
-        matches!(e, Err(Error::LengthMismatch { what: "probs", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_mask_of_the_wrong_length() {
-    let d = cpu();
-    let s = d.upload(&vec![f16::ONE; TT]).expect("upload");
-    let b = d.upload(&vec![f16::ONE; TT]).expect("upload");
-    let m = d.upload(&vec![f16::ZERO; TT]).expect("upload");
-    let mut p = d.alloc::<f16>(TT).expect("alloc");
-    let t = WindowTable::new(&d, &[0], 1).expect("table");
-    let sl = WindowTable::new(&d, &[0], 2).expect("table");
-    let (bv, mv) = (b.view(), m.view());
-    let ab = AttnBias {
-        bias: &bv,
-        ty: &t,
-        mask: Some(AttnMask {
-            mask: &mv,
-            slot: &sl,
-        }),
-    };
-    let e = bias_mask_softmax(&d, &s.view(), &mut p.view_mut(), 1, T, &ab);
-    assert!(
-        matches!(e, Err(Error::LengthMismatch { what: "mask", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_misaligned_output() {
-    let d = cpu();
-    let s = d.upload(&vec![f16::ONE; TT]).expect("upload");
-    let b = d.upload(&vec![f16::ONE; TT]).expect("upload");
-    let mut p = d.alloc::<f16>(TT + 4).expect("alloc");
-    let t = WindowTable::new(&d, &[0], 1).expect("table");
-    let bv = b.view();
-    let ab = AttnBias {
-        bias: &bv,
-        ty: &t,
-        mask: None,
-    };
-    let mut pv = p.slice_mut(4..TT + 4).expect("slice");
-    let e = bias_mask_softmax(&d, &s.view(), &mut pv, 1, T, &ab);
-    assert!(
-        matches!(e, Err(Error::Misaligned { what: "probs", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_buffers_of_another_device() {
-    let d = cpu();
-    let other = Device::open(Choice::Cpu(Wave::W32)).expect("cpu backend");
-    let s = d.upload(&vec![f16::ONE; TT]).expect("upload");
-    let b = other.upload(&vec![f16::ONE; TT]).expect("upload");
-    let mut p = d.alloc::<f16>(TT).expect("alloc");
-    let t = WindowTable::new(&d, &[0], 1).expect("table");
-    let bv = b.view();
-    let ab = AttnBias {
-        bias: &bv,
-        ty: &t,
-        mask: None,
-    };
-    let e = bias_mask_softmax(&d, &s.view(), &mut p.view_mut(), 1, T, &ab);
-    assert!(
-        matches!(e, Err(Error::WrongDevice { what: "bias", .. })),
-        "{e:?}"
+        s.download()
+            .expect("download")
+            .iter()
+            .all(|v| *v == f16::ONE)
     );
 }

@@ -10,7 +10,7 @@
 //! rejections, and a plan dropped while work that reads it is still queued.
 mod common;
 
-use common::{Rng, agrees_with_emulator, halves};
+use common::{Rng, agrees_with_emulator};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use half::f16;
 use std::sync::Arc;
@@ -47,9 +47,9 @@ fn inputs(seed: u64) -> Inputs {
     let (table, rows) = plan_table();
     let mut rng = Rng(seed);
     Inputs {
-        residual: halves(&mut rng, rows * W, 2.0, 0.5),
-        branch: halves(&mut rng, rows * W, 1.0, 0.0),
-        bias: halves(&mut rng, W, 0.5, 0.0),
+        residual: rng.halves(rows * W, 2.0, 0.5),
+        branch: rng.halves(rows * W, 1.0, 0.0),
+        bias: rng.halves(W, 0.5, 0.0),
         table,
         rows,
     }
@@ -273,13 +273,14 @@ fn emulator_rejects_bad_spans_and_streams() {
 
 /// Whether a CUDA device must be present for this run.
 fn cuda_required() -> bool {
-    std::env::var_os("WAVEFUSE_TEST_GPU_ONLY").is_some()
-        || std::env::var("WAVEFUSE_REQUIRE").is_ok_and(|v| v.split(',').any(|b| b == "cuda"))
+    common::gpu_only() || common::required().iter().any(|b| b == "cuda")
 }
 
 /// The CUDA device and cudarc's view of it (the engine's), or `None` when
 /// there is none and none is required.
 fn cuda() -> Option<(Device, Arc<CudaContext>)> {
+    // Reports this binary's backends (and enforces WAVEFUSE_REQUIRE).
+    drop(common::devices());
     match Device::open(Choice::Cuda(0)) {
         Ok(d) => Some((d, CudaContext::new(0).expect("cudarc context"))),
         Err(e) => {
@@ -424,7 +425,7 @@ fn cuda_orders_against_wavefuse_stream_with_events() {
     // SAFETY: `s` outlives `q`.
     let q = unsafe { dev.wrap_stream(s.cu_stream().cast()) }.expect("wrap");
     let mut rng = Rng(11);
-    let x = halves(&mut rng, 4096 * W, 3.0, 1.0);
+    let x = rng.halves(4096 * W, 3.0, 1.0);
     // The engine writes x on its stream; wavefuse's own stream waits for it.
     let xe = Guarded::new(&s, &x, 64);
     let ready = q.record().expect("record");
@@ -462,8 +463,8 @@ fn cuda_plan_outlives_queued_work_on_engine_stream() {
     let q = unsafe { dev.wrap_stream(s.cu_stream().cast()) }.expect("wrap");
     let (table, rows) = plan_table();
     let mut rng = Rng(5);
-    let src = halves(&mut rng, rows * W, 1.0, 0.0);
-    let big = halves(&mut rng, 8192 * 768, 1.0, 0.0);
+    let src = rng.halves(rows * W, 1.0, 0.0);
+    let big = rng.halves(8192 * 768, 1.0, 0.0);
     let se = Guarded::new(&s, &src, 8);
     let out = Guarded::new(&s, &vec![f16::ZERO; table.len() * W], 8);
     let be = Guarded::new(&s, &big, 8);

@@ -3,10 +3,11 @@
 //! Outputs must be bit-exact: source tokens copied bit for bit (NaN
 //! payloads and signed zeros included), padding tokens `+0.0`, and no
 //! element left holding POISON.
+#[macro_use]
 mod common;
 mod fused;
 
-use common::{POISON, Rng, devices};
+use common::{POISON, Rng, cpu, devices};
 use fused::{TABLE_KINDS, table};
 use half::f16;
 use proptest::prelude::*;
@@ -99,186 +100,85 @@ fn plan_reports_its_shape() {
     assert_eq!(p.table().len(), 5);
 }
 
-// ---- one test per bad input: each is rejected before any launch ----
-
-fn cpu() -> Device {
-    Device::open(wavefuse::Choice::Cpu(wavefuse::Wave::W64)).expect("cpu backend")
-}
-
 #[test]
-fn plan_rejects_out_of_range_entry() {
-    let d = cpu();
-    let e = GatherPlan::new(&d, &[0, 1, 3], 3);
-    assert!(
-        matches!(&e, Err(Error::BadParameter { what: "table", value, .. }) if value.contains("table[2] = 3")),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn plan_rejects_negative_entry_other_than_pad() {
-    let d = cpu();
-    let e = GatherPlan::new(&d, &[0, -2], 3);
-    assert!(
-        matches!(&e, Err(Error::BadParameter { what: "table", value, .. }) if value.contains("table[1] = -2")),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn plan_rejects_empty_table() {
-    let d = cpu();
-    let e = GatherPlan::new(&d, &[], 3);
-    assert!(
-        matches!(e, Err(Error::Empty { what: "table", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn plan_rejects_zero_sources() {
-    let d = cpu();
-    let e = GatherPlan::new(&d, &[-1], 0);
-    assert!(
-        matches!(e, Err(Error::BadParameter { what: "n_src", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_width_not_a_multiple_of_8() {
-    let d = cpu();
-    let p = GatherPlan::new(&d, &[0], 1).expect("valid");
-    for w in [0usize, 12, 190] {
-        let s = d.upload(&vec![f16::ONE; w.max(1)]).expect("upload");
-        let mut o = d.alloc::<f16>(w.max(1)).expect("alloc");
-        let e = gather(&d, &p, &s.view(), &mut o.view_mut(), w);
-        assert!(
-            matches!(e, Err(Error::BadParameter { what: "width", .. })),
-            "{e:?}"
-        );
+fn empty_table_is_a_no_op() {
+    for dev in devices() {
+        for n_src in [0, 2] {
+            let p = GatherPlan::new(&dev, &[], n_src).expect("empty plan");
+            assert!(p.is_empty());
+            let s = dev.upload(&vec![f16::ONE; n_src * 192]).expect("upload");
+            let mut o = dev.alloc::<f16>(0).expect("alloc");
+            for w in [192, 8] {
+                let s = s.slice(0..n_src * w).expect("in range");
+                gather(&dev, &p, &s, &mut o.view_mut(), w).expect("no-op");
+            }
+        }
     }
 }
 
-#[test]
-fn rejects_ragged_src() {
-    let d = cpu();
-    let p = GatherPlan::new(&d, &[0], 2).expect("valid");
-    let s = d.upload(&vec![f16::ONE; 200]).expect("upload");
-    let mut o = d.alloc::<f16>(192).expect("alloc");
-    let e = gather(&d, &p, &s.view(), &mut o.view_mut(), 192);
-    assert!(
-        matches!(e, Err(Error::RaggedRows { what: "src", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_src_with_wrong_token_count() {
-    let d = cpu();
-    let p = GatherPlan::new(&d, &[0], 2).expect("valid");
-    let s = d.upload(&vec![f16::ONE; 3 * 192]).expect("upload");
-    let mut o = d.alloc::<f16>(192).expect("alloc");
-    let e = gather(&d, &p, &s.view(), &mut o.view_mut(), 192);
-    assert!(
-        matches!(
-            e,
-            Err(Error::LengthMismatch {
-                what: "src (tokens)",
-                got: 3,
-                expected: 2,
-                ..
-            })
-        ),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_out_with_wrong_token_count() {
-    let d = cpu();
-    let p = GatherPlan::new(&d, &[0, -1, 1], 2).expect("valid");
-    let s = d.upload(&vec![f16::ONE; 2 * 192]).expect("upload");
-    let mut o = d.alloc::<f16>(2 * 192).expect("alloc");
-    let e = gather(&d, &p, &s.view(), &mut o.view_mut(), 192);
-    assert!(
-        matches!(
-            e,
-            Err(Error::LengthMismatch {
-                what: "out (tokens)",
-                got: 2,
-                expected: 3,
-                ..
-            })
-        ),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_misaligned_src_and_out() {
-    let d = cpu();
-    let p = GatherPlan::new(&d, &[0], 1).expect("valid");
-    let s = d.upload(&vec![f16::ONE; 193]).expect("upload");
-    let mut o = d.alloc::<f16>(193).expect("alloc");
-    let e = gather(
-        &d,
+/// `gather` with a plan of `table` over `n_src` sources, `src` of
+/// `src.1` elements at offset `src.0` (on `src_dev`), `out` likewise.
+fn try_gather(
+    d: &Device,
+    src_dev: &Device,
+    (table, n_src): (&[i32], usize),
+    src: (usize, usize),
+    out: (usize, usize),
+    width: usize,
+) -> wavefuse::Result<()> {
+    let p = GatherPlan::new(d, table, n_src)?;
+    let s = src_dev.upload(&vec![f16::ONE; src.0 + src.1])?;
+    let mut o = d.upload(&vec![POISON; out.0 + out.1])?;
+    gather(
+        d,
         &p,
-        &s.slice(1..193).expect("in range"),
-        &mut o.slice_mut(0..192).expect("in range"),
-        192,
-    );
-    assert!(
-        matches!(e, Err(Error::Misaligned { what: "src", .. })),
-        "{e:?}"
-    );
-    let e = gather(
-        &d,
-        &p,
-        &s.slice(0..192).expect("in range"),
-        &mut o.slice_mut(1..193).expect("in range"),
-        192,
-    );
-    assert!(
-        matches!(e, Err(Error::Misaligned { what: "out", .. })),
-        "{e:?}"
-    );
-    // The generic path checks alignment too (width 8: a 2-byte offset).
-    let e = gather(
-        &d,
-        &p,
-        &s.slice(1..9).expect("in range"),
-        &mut o.slice_mut(0..8).expect("in range"),
-        8,
-    );
-    assert!(
-        matches!(e, Err(Error::Misaligned { what: "src", .. })),
-        "{e:?}"
-    );
+        &s.slice(src.0..src.0 + src.1).expect("in range"),
+        &mut o.slice_mut(out.0..out.0 + out.1).expect("in range"),
+        width,
+    )?;
+    panic!("accepted: {:?}", o.download());
 }
 
 #[test]
-fn rejects_plan_of_another_device() {
-    let (d1, d2) = (cpu(), cpu());
-    let p = GatherPlan::new(&d2, &[0], 1).expect("valid");
-    let s = d1.upload(&vec![f16::ONE; 192]).expect("upload");
-    let mut o = d1.alloc::<f16>(192).expect("alloc");
-    let e = gather(&d1, &p, &s.view(), &mut o.view_mut(), 192);
+fn rejects_bad_arguments_before_any_launch() {
+    let (d, other) = (cpu(), cpu());
+    let plan_of_other = GatherPlan::new(&other, &[0], 1).expect("valid");
+    let s = d.upload(&vec![f16::ONE; 192]).expect("upload");
+    let mut o = d.upload(&vec![POISON; 192]).expect("upload");
+    rejects! {
+        "entry past n_src": GatherPlan::new(&d, &[0, 1, 3], 3)
+            => Error::BadParameter { what: "table", .. },
+        "entry below -1": GatherPlan::new(&d, &[0, -2], 3)
+            => Error::BadParameter { what: "table", .. },
+        "entry with no sources": GatherPlan::new(&d, &[0], 0)
+            => Error::BadParameter { what: "table", .. },
+        "width 0": try_gather(&d, &d, (&[0], 1), (0, 8), (0, 8), 0)
+            => Error::BadParameter { what: "width", .. },
+        "width 12": try_gather(&d, &d, (&[0], 1), (0, 12), (0, 12), 12)
+            => Error::BadParameter { what: "width", .. },
+        "width 190": try_gather(&d, &d, (&[0], 1), (0, 190), (0, 190), 190)
+            => Error::BadParameter { what: "width", .. },
+        "ragged src": try_gather(&d, &d, (&[0], 2), (0, 200), (0, 192), 192)
+            => Error::RaggedRows { what: "src", .. },
+        "src tokens": try_gather(&d, &d, (&[0], 2), (0, 3 * 192), (0, 192), 192)
+            => Error::LengthMismatch { what: "src (tokens)", got: 3, expected: 2, .. },
+        "out tokens": try_gather(&d, &d, (&[0, -1, 1], 2), (0, 384), (0, 384), 192)
+            => Error::LengthMismatch { what: "out (tokens)", got: 2, expected: 3, .. },
+        "src misaligned": try_gather(&d, &d, (&[0], 1), (1, 192), (0, 192), 192)
+            => Error::Misaligned { what: "src", .. },
+        "out misaligned": try_gather(&d, &d, (&[0], 1), (0, 192), (1, 192), 192)
+            => Error::Misaligned { what: "out", .. },
+        "src misaligned, generic path": try_gather(&d, &d, (&[0], 1), (1, 8), (0, 8), 8)
+            => Error::Misaligned { what: "src", .. },
+        "src of another device": try_gather(&d, &other, (&[0], 1), (0, 192), (0, 192), 192)
+            => Error::WrongDevice { what: "src", .. },
+        "plan of another device": gather(&d, &plan_of_other, &s.view(), &mut o.view_mut(), 192)
+            => Error::WrongDevice { what: "plan", .. },
+    }
     assert!(
-        matches!(e, Err(Error::WrongDevice { what: "plan", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_src_of_another_device() {
-    let (d1, d2) = (cpu(), cpu());
-    let p = GatherPlan::new(&d1, &[0], 1).expect("valid");
-    let s = d2.upload(&vec![f16::ONE; 192]).expect("upload");
-    let mut o = d1.alloc::<f16>(192).expect("alloc");
-    let e = gather(&d1, &p, &s.view(), &mut o.view_mut(), 192);
-    assert!(
-        matches!(e, Err(Error::WrongDevice { what: "src", .. })),
-        "{e:?}"
+        o.download()
+            .expect("download")
+            .iter()
+            .all(|v| v.to_bits() == POISON.to_bits())
     );
 }

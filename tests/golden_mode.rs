@@ -1,10 +1,15 @@
 //! Golden mode end to end: `.npy` inputs in, the harness binary's `check`
-//! subcommand on the emulator, `.npy` outputs compared with the oracles.
+//! subcommand on the emulator, `.npy` outputs compared with the oracles,
+//! every element, in f16 ulps (the suite's own tolerances: LayerNorm by
+//! `check_ln_row`, softmax and the q scale within one ulp, copies bit for
+//! bit).
 use half::f16;
 use npyz::WriterBuilder;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use wavefuse_suite::check::{check_ln_row, ulp_err};
 use wavefuse_suite::oracle;
+use wavefuse_suite::rng::Rng;
 
 fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("wavefuse-golden-{name}-{}", std::process::id()));
@@ -63,22 +68,53 @@ fn halves(n: usize, seed: u32) -> Vec<f16> {
         .collect()
 }
 
+/// Rows of width `w`: centred ones and ones with a large offset and a
+/// small spread (mean 2048, sigma about 1), alternating.
+fn ln_input(rows: usize, w: usize, seed: u64) -> Vec<f16> {
+    let mut rng = Rng(seed);
+    (0..rows)
+        .flat_map(|r| {
+            if r % 2 == 0 {
+                rng.halves(w, 2.0, 0.25)
+            } else {
+                rng.halves(w, 1.0, 2048.0)
+            }
+        })
+        .collect()
+}
+
 #[test]
 fn layer_norm_from_npy() {
-    let d = dir("ln");
-    let x = halves(5 * 384, 1);
-    save(&d.join("x.npy"), &[5, 384], &x);
-    let xa = format!("x={}", d.join("x.npy").display());
-    check("layer_norm", &d, &["--in", &xa]);
-    let (shape, y) = load(&d.join("y.npy"));
-    assert_eq!(shape, vec![5, 384]);
-    for r in 0..5 {
-        let want = oracle::layer_norm_row(&x[r * 384..(r + 1) * 384], None, None, 1e-5);
-        for (g, w) in y[r * 384..(r + 1) * 384].iter().zip(&want) {
-            assert!(
-                (g.to_f64() - w).abs() <= 2e-3 * w.abs().max(1.0),
-                "{g} vs {w}"
-            );
+    let (rows, w) = (6usize, 384usize);
+    let x = ln_input(rows, w, 1);
+    let mut rng = Rng(11);
+    let (g, b) = (rng.halves(w, 0.5, 1.0), rng.halves(w, 0.5, 0.0));
+    for affine in [false, true] {
+        let d = dir(if affine { "ln-affine" } else { "ln" });
+        save(&d.join("x.npy"), &[rows as u64, w as u64], &x);
+        save(&d.join("g.npy"), &[w as u64], &g);
+        save(&d.join("b.npy"), &[w as u64], &b);
+        let arg = |k: &str, f: &str| format!("{k}={}", d.join(f).display());
+        let (xa, ga, ba) = (
+            arg("x", "x.npy"),
+            arg("gamma", "g.npy"),
+            arg("beta", "b.npy"),
+        );
+        let mut args = vec!["--in", xa.as_str(), "--eps", "1e-6"];
+        if affine {
+            args.extend(["--in", ga.as_str(), "--in", ba.as_str()]);
+        }
+        check("layer_norm", &d, &args);
+        let (shape, y) = load(&d.join("y.npy"));
+        assert_eq!(shape, vec![rows as u64, w as u64]);
+        for r in 0..rows {
+            let (gs, bs) = if affine {
+                (Some(g.as_slice()), Some(b.as_slice()))
+            } else {
+                (None, None)
+            };
+            check_ln_row(&y[r * w..(r + 1) * w], &x[r * w..(r + 1) * w], gs, bs, 1e-6)
+                .unwrap_or_else(|e| panic!("affine {affine} row {r}: {e}"));
         }
     }
 }
@@ -116,13 +152,25 @@ fn qkv_split_from_npy() {
     save(&d.join("qkv.npy"), &[144, 3 * c as u64], &x);
     let a = format!("qkv={}", d.join("qkv.npy").display());
     check("qkv_split", &d, &["--in", &a, "--heads", "2"]);
-    let (shape, k) = load(&d.join("k.npy"));
-    assert_eq!(shape, vec![1, 2, 144, 32]);
-    // k[0, h, t, d] = x[t, C + h*32 + d]
-    for t in [0usize, 77, 143] {
+    // out[0, h, t, d] = x[t, part * C + h*32 + d]; q scaled by 32^-0.5
+    // (rounded to f32) and rounded once; k and v bit copies.
+    let scale = 0.176_776_695_296_636_87_f64 as f32;
+    for (part, name) in ["q", "k", "v"].into_iter().enumerate() {
+        let (shape, o) = load(&d.join(format!("{name}.npy")));
+        assert_eq!(shape, vec![1, 2, 144, 32]);
         for h in 0..heads {
-            for dd in [0usize, 31] {
-                assert_eq!(k[(h * 144 + t) * 32 + dd], x[t * 3 * c + c + h * 32 + dd]);
+            for t in 0..144 {
+                for dd in 0..32 {
+                    let got = o[(h * 144 + t) * 32 + dd];
+                    let xv = x[t * 3 * c + part * c + h * 32 + dd];
+                    if part == 0 {
+                        let e = ulp_err(got, xv.to_f64() * f64::from(scale));
+                        assert!(e <= 1.0, "q[{h},{t},{dd}] = {got}: {e} ulp");
+                        assert_eq!(got, f16::from_f32(xv.to_f32() * scale), "q contract");
+                    } else {
+                        assert_eq!(got.to_bits(), xv.to_bits(), "{name}[{h},{t},{dd}]");
+                    }
+                }
             }
         }
     }
@@ -152,16 +200,70 @@ fn bias_mask_softmax_from_npy() {
         &d,
         &["--in", &a1, "--in", &a2, "--in", &a3],
     );
-    let (_, p) = load(&d.join("probs.npy"));
-    for row in [0usize, 143, 200] {
+    let (shape, p) = load(&d.join("probs.npy"));
+    assert_eq!(shape, vec![w as u64, h as u64, t as u64, t as u64]);
+    for row in 0..w * h * t {
+        // The contract's f32 sum (no mask here), then softmax in f64.
         let z: Vec<f64> = (0..t)
-            .map(|j| s[row * t + j].to_f64() + bias[(row % t) * t + j].to_f64())
+            .map(|j| f64::from(s[row * t + j].to_f32() + bias[(row % t) * t + j].to_f32()))
             .collect();
         let want = oracle::softmax_row(&z);
-        for (g, wv) in p[row * t..(row + 1) * t].iter().zip(&want) {
+        for (j, (g, wv)) in p[row * t..(row + 1) * t].iter().zip(&want).enumerate() {
+            let e = ulp_err(*g, *wv);
+            assert!(e <= 1.0, "row {row} col {j}: {g} vs {wv} ({e:.2} ulp)");
+        }
+    }
+}
+
+#[test]
+fn window_attention_from_npy() {
+    let d = dir("attn");
+    let (w, h, t) = (2usize, 2usize, 144usize);
+    let c = h * 32;
+    let x: Vec<f16> = halves(w * t * 3 * c, 6)
+        .iter()
+        .map(|v| f16::from_f32(v.to_f32() / 4.0))
+        .collect();
+    let bias = halves(h * t * t, 7);
+    save(&d.join("x.npy"), &[(w * t) as u64, 3 * c as u64], &x);
+    save(&d.join("b.npy"), &[1, h as u64, t as u64, t as u64], &bias);
+    save(&d.join("ty.npy"), &[w as u64], &[0i32, 0]);
+    let arg = |k: &str, f: &str| format!("{k}={}", d.join(f).display());
+    let (a1, a2, a3) = (
+        arg("qkv", "x.npy"),
+        arg("bias", "b.npy"),
+        arg("types", "ty.npy"),
+    );
+    check(
+        "window_attention",
+        &d,
+        &["--in", &a1, "--in", &a2, "--in", &a3, "--heads", "2"],
+    );
+    let (shape, out) = load(&d.join("out.npy"));
+    assert_eq!(shape, vec![(w * t) as u64, c as u64]);
+    let part = |win: usize, head: usize, p: usize| -> Vec<Vec<f64>> {
+        (0..t)
+            .map(|tok| {
+                (0..32)
+                    .map(|dd| x[(win * t + tok) * 3 * c + p * c + head * 32 + dd].to_f64())
+                    .collect()
+            })
+            .collect()
+    };
+    for (win, head, i) in [(0usize, 0usize, 0usize), (1, 1, 143), (1, 0, 77)] {
+        let (q, k, v) = (part(win, head, 0), part(win, head, 1), part(win, head, 2));
+        let b: Vec<f64> = (0..t)
+            .map(|j| bias[(head * t + i) * t + j].to_f64())
+            .collect();
+        let scale = (1.0 / 32f64.sqrt()) as f32 as f64;
+        let want =
+            oracle::attention_row(&q[i], &k, &v, scale, &vec![0.0; t], &b).expect("finite row");
+        for dd in 0..32 {
+            let g = out[(win * t + i) * c + head * 32 + dd].to_f64();
             assert!(
-                (g.to_f64() - wv).abs() <= 1e-3 * wv.max(1e-4),
-                "{g} vs {wv}"
+                (g - want.out[dd]).abs() <= want.tol[dd],
+                "window {win} head {head} row {i} ch {dd}: {g} vs {}",
+                want.out[dd]
             );
         }
     }
@@ -185,4 +287,29 @@ fn bad_inputs_are_reported_not_panicked() {
         .expect("run");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nonexistent"));
+}
+
+#[test]
+fn soak_subcommand_keeps_memory_flat() {
+    // A few launches on the emulator (the GPU bundle runs 10^6 on CUDA):
+    // the subcommand runs, checks the outputs and finds device memory flat.
+    let out = Command::new(suite_bin())
+        .args([
+            "soak",
+            "--backend",
+            "cpu",
+            "--launches",
+            "30",
+            "--only",
+            "gather",
+        ])
+        .output()
+        .expect("run wavefuse-suite soak");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("0 of 6 outputs wrong"), "{text}");
 }

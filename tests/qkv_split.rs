@@ -5,9 +5,10 @@
 //! bit-identical to the documented contract (`q = f16(f32(x) * scale)`,
 //! k / v bit copies; with bias `f16(x + b)` first) and within 1 f16 ulp of
 //! the f64 value of the same expression (`(x [+ b rounded to f16]) * scale`).
+#[macro_use]
 mod common;
 
-use common::{POISON, Rng, devices, halves, ulp_err};
+use common::{POISON, Rng, cpu, devices, ulp_err};
 use half::f16;
 use proptest::prelude::*;
 use wavefuse::{Choice, Device, Error, QkvSplit, Wave, qkv_split};
@@ -122,7 +123,7 @@ fn make_case(
     if let Some(s) = scale {
         p.scale = s;
     }
-    let mut x = halves(&mut rng, windows * tokens * 3 * heads * 32, 4.0, 0.0);
+    let mut x = rng.halves(windows * tokens * 3 * heads * 32, 4.0, 0.0);
     if special {
         for v in x.iter_mut() {
             match rng.below(50) {
@@ -135,7 +136,7 @@ fn make_case(
             }
         }
     }
-    let bias = bias.then(|| halves(&mut rng, 3 * heads * 32, 2.0, 0.0));
+    let bias = bias.then(|| rng.halves(3 * heads * 32, 2.0, 0.0));
     Case {
         windows,
         p,
@@ -186,31 +187,27 @@ fn default_scale_is_one_over_sqrt_32() {
     assert_eq!((p.head_dim, p.tokens_per_window), (32, 144));
 }
 
-// ---- one test per bad input: each is rejected before any launch ----
-
-fn cpu() -> Device {
-    Device::open(Choice::Cpu(Wave::W64)).expect("cpu backend")
-}
-
-/// Runs `qkv_split` on CPU buffers of the given lengths.
+/// Runs `qkv_split` with `n_in` inputs and outputs of `n_out` elements,
+/// `q` starting at element `q_off` of its buffer, `k` on `k_dev`.
 fn try_split(
     d: &Device,
+    k_dev: &Device,
     n_in: usize,
-    n_out: [usize; 3],
+    (q_off, n_out): (usize, [usize; 3]),
     bias: Option<usize>,
     p: &QkvSplit,
 ) -> wavefuse::Result<()> {
     let x = d.upload(&vec![f16::ONE; n_in])?;
     let b = bias.map(|n| d.upload(&vec![f16::ONE; n])).transpose()?;
-    let mut q = d.alloc::<f16>(n_out[0])?;
-    let mut k = d.alloc::<f16>(n_out[1])?;
-    let mut v = d.alloc::<f16>(n_out[2])?;
+    let mut q = d.upload(&vec![POISON; q_off + n_out[0]])?;
+    let mut k = k_dev.upload(&vec![POISON; n_out[1]])?;
+    let mut v = d.upload(&vec![POISON; n_out[2]])?;
     let bv = b.as_ref().map(|b| b.view());
     qkv_split(
         d,
         &x.view(),
         bv.as_ref(),
-        &mut q.view_mut(),
+        &mut q.slice_mut(q_off..q_off + n_out[0]).expect("in range"),
         &mut k.view_mut(),
         &mut v.view_mut(),
         p,
@@ -220,141 +217,43 @@ fn try_split(
 const ONE_WINDOW: usize = 144 * 3 * 32; // heads = 1
 
 #[test]
-fn rejects_head_dim_other_than_32() {
-    let mut p = QkvSplit::new(1);
-    p.head_dim = 64;
-    let e = try_split(&cpu(), 2 * ONE_WINDOW, [ONE_WINDOW; 3], None, &p);
-    assert!(
-        matches!(e, Err(Error::UnsupportedWidth { width: 64, .. })),
-        "{e:?}"
-    );
+fn no_windows_is_a_no_op() {
+    for dev in devices() {
+        try_split(&dev, &dev, 0, (0, [0; 3]), None, &QkvSplit::new(1)).expect("no-op");
+        try_split(&dev, &dev, 0, (0, [0; 3]), Some(96), &QkvSplit::new(1)).expect("no-op");
+    }
 }
 
 #[test]
-fn rejects_zero_heads() {
-    let e = try_split(
-        &cpu(),
-        ONE_WINDOW,
-        [ONE_WINDOW / 3; 3],
-        None,
-        &QkvSplit::new(0),
+fn rejects_bad_arguments_before_any_launch() {
+    let (d, other) = (
+        cpu(),
+        Device::open(Choice::Cpu(Wave::W32)).expect("cpu backend"),
     );
-    assert!(
-        matches!(e, Err(Error::BadParameter { what: "heads", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_zero_tokens_per_window() {
-    let mut p = QkvSplit::new(1);
-    p.tokens_per_window = 0;
-    let e = try_split(&cpu(), ONE_WINDOW, [ONE_WINDOW / 3; 3], None, &p);
-    assert!(
-        matches!(
-            e,
-            Err(Error::BadParameter {
-                what: "tokens_per_window",
-                ..
-            })
-        ),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_non_finite_scale() {
-    let mut p = QkvSplit::new(1);
-    p.scale = f32::NAN;
-    let e = try_split(&cpu(), ONE_WINDOW, [ONE_WINDOW / 3; 3], None, &p);
-    assert!(
-        matches!(e, Err(Error::BadParameter { what: "scale", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_empty_input() {
-    let e = try_split(&cpu(), 0, [0; 3], None, &QkvSplit::new(1));
-    assert!(matches!(e, Err(Error::Empty { .. })), "{e:?}");
-}
-
-#[test]
-fn rejects_partial_window() {
-    let e = try_split(
-        &cpu(),
-        ONE_WINDOW + 96,
-        [ONE_WINDOW / 3 + 32; 3],
-        None,
-        &QkvSplit::new(1),
-    );
-    assert!(matches!(e, Err(Error::RaggedRows { .. })), "{e:?}");
-}
-
-#[test]
-fn rejects_output_length_mismatch() {
     let n = ONE_WINDOW / 3;
-    let e = try_split(&cpu(), ONE_WINDOW, [n, n, n - 8], None, &QkvSplit::new(1));
-    assert!(
-        matches!(e, Err(Error::LengthMismatch { what: "v", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_bias_length_mismatch() {
-    let n = ONE_WINDOW / 3;
-    let e = try_split(&cpu(), ONE_WINDOW, [n; 3], Some(32), &QkvSplit::new(1));
-    assert!(
-        matches!(e, Err(Error::LengthMismatch { what: "bias", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_misaligned_output() {
-    let d = cpu();
-    let n = ONE_WINDOW / 3;
-    let x = d.upload(&vec![f16::ONE; ONE_WINDOW]).expect("upload");
-    let mut q = d.alloc::<f16>(n + 1).expect("alloc");
-    let mut k = d.alloc::<f16>(n).expect("alloc");
-    let mut v = d.alloc::<f16>(n).expect("alloc");
-    let mut qv = q.slice_mut(1..n + 1).expect("slice");
-    let e = qkv_split(
-        &d,
-        &x.view(),
-        None,
-        &mut qv,
-        &mut k.view_mut(),
-        &mut v.view_mut(),
-        &QkvSplit::new(1),
-    );
-    assert!(
-        matches!(e, Err(Error::Misaligned { what: "q", .. })),
-        "{e:?}"
-    );
-}
-
-#[test]
-fn rejects_buffers_of_another_device() {
-    let d = cpu();
-    let other = Device::open(Choice::Cpu(Wave::W32)).expect("cpu backend");
-    let n = ONE_WINDOW / 3;
-    let x = d.upload(&vec![f16::ONE; ONE_WINDOW]).expect("upload");
-    let mut q = d.alloc::<f16>(n).expect("alloc");
-    let mut k = other.alloc::<f16>(n).expect("alloc");
-    let mut v = d.alloc::<f16>(n).expect("alloc");
-    let e = qkv_split(
-        &d,
-        &x.view(),
-        None,
-        &mut q.view_mut(),
-        &mut k.view_mut(),
-        &mut v.view_mut(),
-        &QkvSplit::new(1),
-    );
-    assert!(
-        matches!(e, Err(Error::WrongDevice { what: "k", .. })),
-        "{e:?}"
-    );
+    let with = |f: &dyn Fn(&mut QkvSplit)| {
+        let mut p = QkvSplit::new(1);
+        f(&mut p);
+        p
+    };
+    rejects! {
+        "head_dim 64": try_split(&d, &d, 2 * ONE_WINDOW, (0, [ONE_WINDOW; 3]), None, &with(&|p| p.head_dim = 64))
+            => Error::UnsupportedWidth { width: 64, .. },
+        "heads 0": try_split(&d, &d, ONE_WINDOW, (0, [n; 3]), None, &QkvSplit::new(0))
+            => Error::BadParameter { what: "heads", .. },
+        "tokens_per_window 0": try_split(&d, &d, ONE_WINDOW, (0, [n; 3]), None, &with(&|p| p.tokens_per_window = 0))
+            => Error::BadParameter { what: "tokens_per_window", .. },
+        "scale NaN": try_split(&d, &d, ONE_WINDOW, (0, [n; 3]), None, &with(&|p| p.scale = f32::NAN))
+            => Error::BadParameter { what: "scale", .. },
+        "partial window": try_split(&d, &d, ONE_WINDOW + 96, (0, [n + 32; 3]), None, &QkvSplit::new(1))
+            => Error::RaggedRows { .. },
+        "v length": try_split(&d, &d, ONE_WINDOW, (0, [n, n, n - 8]), None, &QkvSplit::new(1))
+            => Error::LengthMismatch { what: "v", .. },
+        "bias length": try_split(&d, &d, ONE_WINDOW, (0, [n; 3]), Some(32), &QkvSplit::new(1))
+            => Error::LengthMismatch { what: "bias", .. },
+        "q misaligned": try_split(&d, &d, ONE_WINDOW, (1, [n; 3]), None, &QkvSplit::new(1))
+            => Error::Misaligned { what: "q", .. },
+        "k of another device": try_split(&d, &other, ONE_WINDOW, (0, [n; 3]), None, &QkvSplit::new(1))
+            => Error::WrongDevice { what: "k", .. },
+    }
 }

@@ -3,7 +3,7 @@
 # harness and PyTorch peers on a GPU host with no Rust toolchain
 # (glibc >= 2.36). Release builds, stripped.
 #   tools/gpu-bundle.sh            # build
-#   bundle/run.sh OUTDIR [quick]   # on the GPU host
+#   bundle/run.sh OUTDIR [PHASES] [full|quick]   # on the GPU host
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf bundle && mkdir -p bundle/bin
@@ -40,9 +40,10 @@ cat > bundle/run.sh <<'RUN'
 # Runs on the GPU host: suite, sanitizers, harness, peers. Logs to $1.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+[ -d "$here/bin" ] || tar -C "$here" -xJf "$here/bin.tar.xz"
 all_args="$*"
 export WAVEFUSE_SUITE_BIN="$here/bin/wavefuse-suite"  # for the golden-mode tests
-out="${1:?usage: run.sh OUTDIR [PHASES: suite,sanitize,profile,bench] [full|quick|nopeers] [PEER_FLAGS...]}"; phase="${2:-suite,sanitize,bench}"; mode="${3:-full}"
+out="${1:?usage: run.sh OUTDIR [PHASES: suite,sanitize,soak,profile,bench] [full|quick|nopeers] [PEER_FLAGS...]}"; phase="${2:-suite,sanitize,soak,bench}"; mode="${3:-full}"
 has() { [[ ",$phase," == *",$1,"* ]]; }
 shift $(( $# < 3 ? $# : 3 )); peer_flags=("$@")
 mkdir -p "$out"
@@ -50,15 +51,22 @@ mkdir -p "$out"
   echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
   echo "nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | head -1)"
   echo "command: tools/gpu-bundle.sh && bundle/run.sh $all_args"; } > "$out/meta.txt" 2>&1
+# The backends each test binary's kernel tests ran on (tests/common/mod.rs
+# appends one line per binary), and the ones that must open: a GPU run that
+# silently falls back to the emulator fails instead of passing.
+backends_of() { grep -E "^$1: " "$2" 2>/dev/null | tail -1 | sed -E "s/^$1: //" || true; }
 if has suite; then
 pass=0; fail=0
+export WAVEFUSE_REQUIRE="${WAVEFUSE_REQUIRE:-cuda,cpu64,cpu32}"
+echo "suite: WAVEFUSE_REQUIRE=$WAVEFUSE_REQUIRE" | tee -a "$out/suite.txt"
 for t in "$here"/bin/test-*; do
   n=$(basename "$t")
   # static AMD checks need llvm-tools: they run in CI, not here
   [ "$n" = "test-amd_static" ] && continue
-  if "$t" --test-threads=4 > "$out/$n.log" 2>&1; then s=ok; else s=FAILED; fi
+  if WAVEFUSE_BACKENDS_LOG="$out/backends.txt" "$t" --test-threads=4 > "$out/$n.log" 2>&1; then s=ok; else s=FAILED; fi
   r=$(grep -E "^test result:" "$out/$n.log" | tail -1)
-  echo "$n: $s  $r" | tee -a "$out/suite.txt"
+  b=$(backends_of "$n" "$out/backends.txt")
+  echo "$n: $s  $r  [${b:-backends not reported: no common::devices() call}]" | tee -a "$out/suite.txt"
   p=$(echo "$r" | sed -nE 's/.* ([0-9]+) passed.*/\1/p'); f=$(echo "$r" | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
   pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0}))
 done
@@ -69,15 +77,34 @@ for e in "$here"/bin/example-*; do
   echo "$n: $s  $(tail -1 "$out/$n.log")" | tee -a "$out/suite.txt"
 done
 fi
-if has sanitize && command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck racecheck; do
+if has sanitize; then
+  WAVEFUSE_SANITIZE_TOOLS="${WAVEFUSE_SANITIZE_TOOLS:-memcheck,racecheck,initcheck,synccheck}"
+  if ! command -v compute-sanitizer >/dev/null; then
+    echo "sanitize: compute-sanitizer not found: NOTHING was checked" | tee -a "$out/sanitizer.txt"
+  else
+  { echo "sanitize: every kernel test binary on the GPU only (WAVEFUSE_TEST_GPU_ONLY=1, WAVEFUSE_REQUIRE=cuda: a binary that cannot open CUDA fails)."
+    echo "  memcheck:  out-of-bounds and misaligned global/local/shared accesses, hardware-reported errors."
+    echo "  racecheck: shared-memory data hazards only: of wavefuse's kernels only window_attention uses shared (workgroup) memory; for the others it has nothing to inspect."
+    echo "  initcheck: reads of device global memory that was never written."
+    echo "  synccheck: invalid use of synchronization primitives (barriers, warp sync): window_attention's warp barriers and cp.async waits; the other kernels' lane exchanges are shfl.sync over the full warp."
+    echo "  tools run: ${WAVEFUSE_SANITIZE_TOOLS:-memcheck,racecheck,initcheck,synccheck}; binaries: ${WAVEFUSE_SANITIZE_ONLY:-every GPU test binary}"; } | tee -a "$out/sanitizer.txt"
+  for tool in ${WAVEFUSE_SANITIZE_TOOLS//,/ }; do
     for t in "$here"/bin/test-*; do
-      n=$(basename "$t"); case "$n" in test-amd_static|test-emu|test-gather_guard|test-golden_mode|test-wavefuse-suite|test-*-lib|test-hip*) continue;; esac  # no GPU work in these (golden_mode drives the harness on the CPU backend)
+      n=$(basename "$t"); case "$n" in test-amd_static|test-emu|test-mma|test-oracle|test-stage|test-gather_guard|test-golden_mode|test-wavefuse-suite|test-*-lib|test-hip*) continue;; esac  # no GPU work in these (emulator / oracle / CPU candle tests; golden_mode drives the harness on the CPU backend)
       [ -n "${WAVEFUSE_SANITIZE_ONLY:-}" ] && [[ ",$WAVEFUSE_SANITIZE_ONLY," != *",${n#test-},"* ]] && continue
-      WAVEFUSE_TEST_GPU_ONLY=1 compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=4 > "$out/san-$tool-$n.log" 2>&1
-      echo "$tool $n: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/san-$tool-$n.log" | tr '\n' ' ')" | tee -a "$out/sanitizer.txt"
+      log="$out/san-backends-$tool.txt"
+      WAVEFUSE_TEST_GPU_ONLY=1 WAVEFUSE_REQUIRE=cuda WAVEFUSE_BACKENDS_LOG="$log" compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=4 > "$out/san-$tool-$n.log" 2>&1
+      rc=$?
+      echo "$tool $n: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/san-$tool-$n.log" | tr '\n' ' ') [$(backends_of "$n" "$log")]" | tee -a "$out/sanitizer.txt"
     done
   done
+  fi
+fi
+if has soak; then
+  # 10^6 launches mixing every kernel on one device; device memory before,
+  # at ten checkpoints and after (src/soak.rs).
+  "$here/bin/wavefuse-suite" soak --backend "${WAVEFUSE_SOAK_BACKEND:-cuda}" --launches "${WAVEFUSE_SOAK_LAUNCHES:-1000000}" > "$out/soak.txt" 2>&1
+  echo "soak: rc=$? $(tail -1 "$out/soak.txt")" | tee -a "$out/suite.txt"
 fi
 if has profile; then
   "$here/profile.sh" "$out/profile" "${WAVEFUSE_PROFILE_KERNELS:-}"
@@ -101,4 +128,9 @@ fi
 tar czf "$out.tgz" -C "$out" . && echo "packed $out.tgz"
 RUN
 chmod +x bundle/run.sh
-du -sh bundle; ls -la bundle/bin
+# A device call carries at most 64 MiB: the binaries travel xz-compressed
+# (each embeds the same code objects, so they compress well) and unpack on
+# the GPU host at the first run.
+ls -la bundle/bin
+tar -C bundle -cf - bin | xz -T2 -6 > bundle/bin.tar.xz && rm -rf bundle/bin
+du -sh bundle

@@ -24,10 +24,20 @@
         gpu_launch_sized_workgroup_mem
     )
 )]
-#![cfg_attr(target_arch = "amdgpu", feature(stdarch_amdgpu, link_llvm_intrinsics))]
+#![cfg_attr(
+    target_arch = "amdgpu",
+    feature(stdarch_amdgpu, link_llvm_intrinsics, repr_simd, simd_ffi)
+)]
 #![cfg_attr(
     target_arch = "nvptx64",
-    feature(stdarch_nvptx, link_llvm_intrinsics, repr_simd, asm_experimental_arch)
+    feature(
+        stdarch_nvptx,
+        link_llvm_intrinsics,
+        repr_simd,
+        simd_ffi,
+        abi_unadjusted,
+        asm_experimental_arch
+    )
 )]
 
 #[cfg(not(any(target_arch = "amdgpu", target_arch = "nvptx64")))]

@@ -105,14 +105,6 @@ pub enum Error {
         /// Required alignment.
         align: u64,
     },
-    /// A tensor with no rows.
-    #[error("{op}: `{what}` is empty")]
-    Empty {
-        /// Operation.
-        op: &'static str,
-        /// Argument.
-        what: &'static str,
-    },
     /// A scalar parameter is out of its domain.
     #[error("{op}: parameter `{what}` = {value} is invalid: {why}")]
     BadParameter {

@@ -17,10 +17,27 @@ pub fn amd_for(gcn_arch_name: &str) -> Result<(&'static str, &'static [u8]), Err
         })
 }
 
-/// The newest PTX whose target is not above the device's compute capability.
+/// The newest PTX whose target is not above the device's compute
+/// capability; with `WAVEFUSE_PTX_ARCH=sm_NN` set at run time, that one
+/// (when embedded and not above the device): a newer GPU runs an older
+/// target's PTX through the driver's compiler, which is how the sm_80
+/// objects are tested on an sm_90 device.
 pub fn ptx_for(major: i32, minor: i32) -> Result<(&'static str, &'static str), Error> {
+    ptx_among(
+        major,
+        minor,
+        std::env::var("WAVEFUSE_PTX_ARCH").ok().as_deref(),
+    )
+}
+
+fn ptx_among(
+    major: i32,
+    minor: i32,
+    only: Option<&str>,
+) -> Result<(&'static str, &'static str), Error> {
     let cc = (major * 10 + minor) as u32;
     PTX.iter()
+        .filter(|(a, _)| only.is_none_or(|o| o == *a))
         .filter_map(|(a, p)| {
             a.strip_prefix("sm_")
                 .and_then(|n| n.parse::<u32>().ok())
@@ -49,6 +66,14 @@ mod tests {
             assert_eq!(ptx_for(8, 6).map(|p| p.0).ok(), Some("sm_80"));
         }
         assert!(matches!(ptx_for(5, 0), Err(Error::NoCodeObject { .. })));
+        if PTX.iter().any(|(a, _)| *a == "sm_80") {
+            assert_eq!(
+                ptx_among(9, 0, Some("sm_80")).map(|p| p.0).ok(),
+                Some("sm_80")
+            );
+        }
+        assert!(ptx_among(9, 0, Some("sm_75")).is_err());
+        assert!(ptx_among(8, 0, Some("sm_90")).is_err());
     }
 
     #[test]

@@ -29,3 +29,30 @@ pub const QKV_BLOCK: u32 = 256;
 pub const QKV_PER_THREAD: u32 = 4;
 /// QKV split: the only head dimension with a kernel.
 pub const QKV_HEAD_DIM: u32 = 32;
+
+/// Window attention: tokens per window.
+pub const ATTN_T: u32 = 144;
+/// Window attention: channels per head.
+pub const ATTN_HEAD_DIM: u32 = 32;
+/// Window attention: waves per workgroup (one workgroup per window and
+/// head; wave `w` takes the 16-row query strips `w, w + 3, w + 6`).
+pub const ATTN_WAVES: u32 = 3;
+/// Window attention: row stride of the q, k, v tiles in workgroup memory
+/// (halves): 32 + 8 of padding, so the eight 16-byte rows one `ldmatrix`
+/// phase reads (80 bytes apart) fall in distinct bank groups.
+pub const ATTN_LDS_STRIDE: u32 = 40;
+/// Window attention: row stride of a wave's bias strip buffer (halves):
+/// 144 + 8, so the eight rows a quad-row of lanes reads (304 bytes apart)
+/// fall in distinct bank groups.
+pub const ATTN_BIAS_STRIDE: u32 = 152;
+/// Window attention: workgroup memory per workgroup (bytes): the q, k and
+/// v tiles of one window and head, then each wave's 16-row bias strip
+/// buffer. 48 KiB exactly: the most a CUDA launch takes without an opt-in,
+/// and within gfx9's 64 KiB.
+pub const ATTN_SHARED_BYTES: u32 =
+    3 * ATTN_T * ATTN_LDS_STRIDE * 2 + ATTN_WAVES * 16 * ATTN_BIAS_STRIDE * 2;
+const _: () = assert!(ATTN_SHARED_BYTES == 48 * 1024);
+/// Window attention: workgroups per SM the NVIDIA build's register budget
+/// is set for (PTX `.minnctapersm`, written by `cargo xtask kernels`):
+/// 168 registers per thread; 48 KiB of workgroup memory allows 4 on sm_90.
+pub const ATTN_MIN_BLOCKS_SM: u32 = 4;

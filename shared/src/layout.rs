@@ -13,12 +13,12 @@
 //! number of lanes, each taking `ceil(vectors / lanes)` steps; lanes whose
 //! vector `k * lanes + l` lies past the row sit that step out
 //! ([`RowLayout::wide`] is the 32-lane case: at width 192, 8 of 32 lanes
-//! idle). Which one a kernel uses was measured on the H200 per kernel
-//! family: for add+LayerNorm the wide layout was 1-3% faster at width 192
-//! (more threads, each with fewer bytes in flight, hid latency better than
-//! fewer threads carrying three vectors each), while plain LayerNorm was
-//! fastest with three vectors per lane; see [`gather_layout`] for the
-//! plain gather.
+//! idle). Which one a kernel family uses was chosen by measurement on the
+//! H200: add+LayerNorm takes the wide layout (more threads, each with fewer
+//! bytes in flight, hid latency better than fewer threads carrying three
+//! vectors each), plain LayerNorm three vectors per lane; see
+//! [`gather_layout`] for the plain gather. The dated numbers are in
+//! BENCHMARKS.md (third and fourth sessions).
 
 use crate::Target;
 
@@ -98,15 +98,13 @@ impl RowLayout {
 /// flight before the reductions, which run interleaved), `block` threads
 /// per workgroup.
 ///
-/// Measured on the H200 (same process as torch.compile, 2026-11-30): at
-/// width 384, 2 rows per group in one-warp workgroups ran
-/// [32760,384] 28.22 us against 28.35-28.75 for 1 row per group in
-/// 256-thread workgroups (torch.compile: 28.13, with the same shape); at
-/// width 192, 1 row per group in 256-thread workgroups tied torch.compile,
-/// while 2 or 4 rows per group were 2.5-7% slower and one-warp workgroups
-/// with 1 row were 60% slower (too many workgroups to launch). Width 768
-/// keeps the 192 shape. On gfx9 the one-warp workgroup becomes one
-/// wavefront (two 32-lane groups).
+/// Chosen by measurement on the H200 (BENCHMARKS.md, sixth session): at
+/// width 384, 2 rows per group in one-warp workgroups (torch.compile's
+/// shape) was the fastest; at width 192, 1 row per group in 256-thread
+/// workgroups, since more rows per group were slower and one-warp
+/// workgroups with 1 row far slower (too many workgroups to launch).
+/// Width 768 keeps the 192 shape. On gfx9 the one-warp workgroup becomes
+/// one wavefront (two 32-lane groups).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AddLnShape {
     /// Lane layout of one row.
@@ -146,12 +144,11 @@ impl AddLnShape {
     }
 }
 
-/// The layout of the plain gather's fixed-width kernels. Measured on the
-/// H200 (same process, three rounds each, 2026-11-30): at width 192, 16
-/// lanes with two steps (the second one half-idle) moved tokens 2-3% faster
-/// than 8 lanes x 3 vectors, and faster than 4 x 6, 12 x 2, 24 x 1 and
-/// 32 x 1; at width 384 the wide layout was 1.3% faster than 16 x 3. 768
-/// is the same either way.
+/// The layout of the plain gather's fixed-width kernels, chosen by
+/// measurement on the H200 (BENCHMARKS.md, third and fourth sessions): at
+/// width 192, 16 lanes with two steps (the second one half-idle), ahead of
+/// 8 x 3, 4 x 6, 12 x 2, 24 x 1 and 32 x 1; at width 384 the wide layout,
+/// ahead of 16 x 3. At 768 the two are the same layout (32 lanes x 3).
 pub const fn gather_layout(width: usize) -> Option<RowLayout> {
     match width {
         192 => RowLayout::with_lanes(width, 16),

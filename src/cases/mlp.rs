@@ -1,5 +1,5 @@
 //! Bias + exact GELU at the MLP widths (ratio 4).
-use super::{Case, Instance, Rng, sampled_rows, ulp_err};
+use super::{Case, Checked, Instance, Rng, par_rows, ulp_err};
 use wavefuse::{Device, DeviceBuffer, GeluBias, GeluMode, bias_gelu, f16};
 use wavefuse_suite::oracle;
 
@@ -29,8 +29,8 @@ impl Case for BiasGelu {
     }
     fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
         let mut rng = Rng(seed);
-        let x_host = rng.halves(self.rows * self.cols, 3.0, 0.0);
-        let b_host = rng.halves(self.cols, 0.5, 0.0);
+        let x_host = rng.uniform_halves(self.rows * self.cols, 3.0, 0.0);
+        let b_host = rng.uniform_halves(self.cols, 0.5, 0.0);
         Ok(Box::new(BiasGeluSet {
             cols: self.cols,
             x: dev.upload(&x_host)?,
@@ -54,11 +54,11 @@ impl Instance for BiasGeluSet {
             GeluMode::Erf,
         )
     }
-    fn check(&mut self, _dev: &Device) -> Result<f64, String> {
+    fn check(&mut self, _dev: &Device) -> Result<Checked, String> {
         let y = self.y.download().map_err(|e| e.to_string())?;
         let c = self.cols;
-        let mut worst = 0.0f64;
-        for r in sampled_rows(self.x_host.len() / c) {
+        let worst = par_rows(self.x_host.len() / c, |r| {
+            let mut worst = 0.0f64;
             for i in 0..c {
                 // torch: x + b is an f16 op (rounded), gelu in f32 from it.
                 let s = oracle::add_round(self.x_host[r * c + i], self.b_host[i]).to_f64();
@@ -71,7 +71,11 @@ impl Instance for BiasGeluSet {
                 }
                 worst = worst.max(e);
             }
-        }
-        Ok(worst)
+            Ok(worst)
+        })?;
+        Ok(Checked {
+            max_err_ulp: worst,
+            outputs: y.len(),
+        })
     }
 }

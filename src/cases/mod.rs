@@ -6,7 +6,9 @@ mod gather;
 mod mlp;
 mod norm;
 
-use wavefuse::{Device, f16};
+use wavefuse::Device;
+pub use wavefuse_suite::check::ulp_err;
+pub use wavefuse_suite::rng::Rng;
 
 /// A kernel at one shape.
 pub trait Case {
@@ -17,50 +19,83 @@ pub trait Case {
     fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>>;
 }
 
+/// What a check covered.
+#[derive(Clone, Copy, Default)]
+pub struct Checked {
+    /// Worst error in f16 ulps against the f64 oracle.
+    pub max_err_ulp: f64,
+    /// Output elements compared (every one the kernel wrote).
+    pub outputs: usize,
+}
+
 /// One input set on the device.
 pub trait Instance {
+    /// Launches the kernel once (each instance counts its launches).
     fn launch(&mut self, dev: &Device) -> wavefuse::Result<()>;
-    /// Max error in f16 ulps against the f64 oracle (on sampled rows), or
-    /// why it is wrong. In-place kernels restore their input and launch
-    /// once more first, so the check sees exactly one application.
-    fn check(&mut self, dev: &Device) -> Result<f64, String>;
-}
-
-/// splitmix64 for input data.
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
-    pub fn halves(&mut self, n: usize, scale: f64, offset: f64) -> Vec<f16> {
-        (0..n)
-            .map(|_| f16::from_f64(offset + scale * (2.0 * self.next() - 1.0)))
-            .collect()
+    /// Checks every output element against the f64 oracle. An in-place
+    /// kernel's state after all its launches is replayed on the host from
+    /// the initial inputs (the contract's f16 arithmetic, exact), and the
+    /// last launch is checked against the oracle applied to the state it
+    /// read.
+    fn check(&mut self, dev: &Device) -> Result<Checked, String>;
+    /// Restores the inputs an in-place kernel updates and zeroes the launch
+    /// count (the soak mode bounds the host replay with it).
+    fn reset(&mut self, _dev: &Device) -> wavefuse::Result<()> {
+        Ok(())
     }
 }
 
-/// f16 ulps between `got` and `want`, ulp floored at the smallest normal.
-pub fn ulp_err(got: f16, want: f64) -> f64 {
-    if got.is_nan() || want.is_nan() {
-        return if got.is_nan() && want.is_nan() {
-            0.0
-        } else {
-            f64::INFINITY
-        };
-    }
-    let a = want.abs().max(f16::MIN_POSITIVE.to_f64());
-    (got.to_f64() - want).abs() / 2f64.powf(a.log2().floor() - 10.0)
+/// `f(row)` for every row in `0..rows` on all cores; the worst value, or
+/// the first error.
+pub fn par_rows<F>(rows: usize, f: F) -> Result<f64, String>
+where
+    F: Fn(usize) -> Result<f64, String> + Sync,
+{
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, rows.max(1));
+    let chunk = rows.div_ceil(threads);
+    let f = &f;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut worst = 0.0f64;
+                    for r in t * chunk..((t + 1) * chunk).min(rows) {
+                        worst = worst.max(f(r)?);
+                    }
+                    Ok::<f64, String>(worst)
+                })
+            })
+            .collect();
+        let mut worst = 0.0f64;
+        for h in hs {
+            worst = worst.max(
+                h.join()
+                    .map_err(|_| "check thread panicked".to_string())??,
+            );
+        }
+        Ok(worst)
+    })
 }
 
-/// Rows checked against the oracle: about 4096 spread over the tensor,
-/// always including the first and last.
-pub fn sampled_rows(rows: usize) -> impl Iterator<Item = usize> {
-    let step = rows.div_ceil(4096).max(1);
-    (0..rows).step_by(step).chain(std::iter::once(rows - 1))
+/// Applies `f` to every element of `v` (with its index) on all cores.
+pub fn par_update<T: Send, F>(v: &mut [T], f: F)
+where
+    F: Fn(usize, &mut T) + Sync,
+{
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = v.len().div_ceil(threads).max(1);
+    let f = &f;
+    std::thread::scope(|s| {
+        for (c, part) in v.chunks_mut(chunk).enumerate() {
+            s.spawn(move || {
+                for (i, x) in part.iter_mut().enumerate() {
+                    f(c * chunk + i, x);
+                }
+            });
+        }
+    });
 }
 
 pub fn all(full: bool) -> Vec<Box<dyn Case>> {
@@ -135,6 +170,12 @@ pub fn all(full: bool) -> Vec<Box<dyn Case>> {
             windows: w,
             heads: h,
             softmax: true,
+        }));
+    }
+    for &(w, h) in attn {
+        v.push(Box::new(attn::WindowAttention {
+            windows: w,
+            heads: h,
         }));
     }
     v

@@ -1,6 +1,7 @@
 //! LayerNorm and residual-add + LayerNorm cases.
-use super::{Case, Instance, Rng, sampled_rows, ulp_err};
+use super::{Case, Checked, Instance, Rng, par_rows};
 use wavefuse::{Affine, Device, DeviceBuffer, add_layer_norm_to, f16, layer_norm};
+use wavefuse_suite::check::check_ln_row;
 use wavefuse_suite::oracle;
 
 pub struct LayerNorm {
@@ -34,11 +35,11 @@ impl Case for LayerNorm {
     }
     fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
         let mut rng = Rng(seed);
-        let x_host = rng.halves(self.rows * self.width, 2.0, 0.25);
+        let x_host = rng.uniform_halves(self.rows * self.width, 2.0, 0.25);
         let gb_host = self.affine.then(|| {
             (
-                rng.halves(self.width, 0.5, 1.0),
-                rng.halves(self.width, 0.5, 0.0),
+                rng.uniform_halves(self.width, 0.5, 1.0),
+                rng.uniform_halves(self.width, 0.5, 0.0),
             )
         });
         let gb = match &gb_host {
@@ -78,27 +79,22 @@ impl Instance for LayerNormSet {
             None => layer_norm(dev, &x, &mut y, self.width, None, 1e-5),
         }
     }
-    fn check(&mut self, _dev: &Device) -> Result<f64, String> {
+    fn check(&mut self, _dev: &Device) -> Result<Checked, String> {
         let y = self.y.download().map_err(|e| e.to_string())?;
-        let mut worst = 0.0f64;
-        let rows = self.x_host.len() / self.width;
-        for r in sampled_rows(rows) {
-            let xr = &self.x_host[r * self.width..(r + 1) * self.width];
-            let yr = &y[r * self.width..(r + 1) * self.width];
-            let (g, b) = match &self.gb_host {
-                Some((g, b)) => (Some(g.as_slice()), Some(b.as_slice())),
-                None => (None, None),
-            };
-            let want = oracle::layer_norm_row(xr, g, b, 1e-5);
-            for (i, (got, w)) in yr.iter().zip(&want).enumerate() {
-                let e = ulp_err(*got, *w);
-                if e > 2.0 {
-                    return Err(format!("row {r} col {i}: got {got} want {w} ({e:.2} ulp)"));
-                }
-                worst = worst.max(e);
-            }
-        }
-        Ok(worst)
+        let w = self.width;
+        let (g, b) = match &self.gb_host {
+            Some((g, b)) => (Some(g.as_slice()), Some(b.as_slice())),
+            None => (None, None),
+        };
+        let worst = par_rows(self.x_host.len() / w, |r| {
+            let s = r * w..(r + 1) * w;
+            check_ln_row(&y[s.clone()], &self.x_host[s], g, b, 1e-5)
+                .map_err(|e| format!("row {r}: {e}"))
+        })?;
+        Ok(Checked {
+            max_err_ulp: worst,
+            outputs: y.len(),
+        })
     }
 }
 
@@ -132,8 +128,8 @@ impl Case for AddLayerNorm {
     fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
         let mut rng = Rng(seed);
         let n = self.rows * self.width;
-        let r_host = rng.halves(n, 4.0, 0.5);
-        let b_host = rng.halves(n, 1.0, 0.0);
+        let r_host = rng.uniform_halves(n, 4.0, 0.5);
+        let b_host = rng.uniform_halves(n, 1.0, 0.0);
         Ok(Box::new(AddLayerNormSet {
             width: self.width,
             r: dev.upload(&r_host)?,
@@ -159,15 +155,14 @@ impl Instance for AddLayerNormSet {
             1e-5,
         )
     }
-    fn check(&mut self, _dev: &Device) -> Result<f64, String> {
+    fn check(&mut self, _dev: &Device) -> Result<Checked, String> {
         let e = |e: wavefuse::Error| e.to_string();
         let (ro, y) = (
             self.r_out.download().map_err(e)?,
             self.y.download().map_err(e)?,
         );
         let w = self.width;
-        let mut worst = 0.0f64;
-        for r in sampled_rows(self.r_host.len() / w) {
+        let worst = par_rows(self.r_host.len() / w, |r| {
             let sum: Vec<f16> = (r * w..(r + 1) * w)
                 .map(|i| oracle::add_round(self.r_host[i], self.b_host[i]))
                 .collect();
@@ -180,15 +175,12 @@ impl Instance for AddLayerNormSet {
                     "row {r}: residual_out is not the bit-exact f16 sum"
                 ));
             }
-            let want = oracle::layer_norm_row(&sum, None, None, 1e-5);
-            for (i, (got, wv)) in y[r * w..(r + 1) * w].iter().zip(&want).enumerate() {
-                let e = ulp_err(*got, *wv);
-                if e > 2.0 {
-                    return Err(format!("row {r} col {i}: got {got} want {wv} ({e:.2} ulp)"));
-                }
-                worst = worst.max(e);
-            }
-        }
-        Ok(worst)
+            check_ln_row(&y[r * w..(r + 1) * w], &sum, None, None, 1e-5)
+                .map_err(|e| format!("row {r}: {e}"))
+        })?;
+        Ok(Checked {
+            max_err_ulp: worst,
+            outputs: ro.len() + y.len(),
+        })
     }
 }

@@ -1,63 +1,10 @@
-//! Helpers shared by the fused-kernel suites (add_layer_norm, gather,
-//! layer_norm_gather): the LayerNorm row check and index-table generators.
+//! Helpers shared by the fused-kernel suites (add_layer_norm, gather and
+//! the gathered LayerNorms): index-table generators and the f16 sum
+//! reference.
 #![allow(dead_code)]
 
-use crate::common::{POISON, Rng, oracle, ulp_err};
+use crate::common::Rng;
 use half::f16;
-
-/// Checks one LayerNorm output row against the f64 oracle applied to the
-/// same f16 inputs `x`. Tolerance (that of tests/layer_norm.rs, with the
-/// rounding term taken in absolute units, not ulps): 1 f16 ulp of
-/// the reference (floored at the smallest normal), or the f32 conditioning
-/// term `64 * 2^-24 * max|x| * rstd * (1 + |gamma|)` (the f32 error of the
-/// mean when the offset dwarfs the spread; PyTorch's f32 path has it too)
-/// plus the reference's own f16 rounding error, both absolute.
-/// NaN references need NaN outputs; no element may still hold POISON.
-/// Returns the worst error in ulps.
-pub fn check_ln_row(
-    got: &[f16],
-    x: &[f16],
-    gamma: Option<&[f16]>,
-    beta: Option<&[f16]>,
-    eps: f32,
-) -> Result<f64, String> {
-    let w = x.len();
-    let want = oracle::layer_norm_row(x, gamma, beta, eps as f64);
-    let max_abs = x.iter().map(|v| v.to_f64().abs()).fold(0.0, f64::max);
-    let mean = x.iter().map(|v| v.to_f64()).sum::<f64>() / w as f64;
-    let var = x.iter().map(|v| (v.to_f64() - mean).powi(2)).sum::<f64>() / w as f64;
-    let rstd = 1.0 / (var + eps as f64).sqrt();
-    let mut worst = 0.0f64;
-    for i in 0..w {
-        let g = got[i];
-        if g.to_bits() == POISON.to_bits() {
-            return Err(format!("col {i}: not written"));
-        }
-        let r = want[i];
-        if r.is_nan() {
-            if !g.is_nan() {
-                return Err(format!("col {i}: want NaN, got {g}"));
-            }
-            continue;
-        }
-        if r.abs() > 65504.0 {
-            continue;
-        }
-        let gm = gamma.map_or(1.0, |gm| gm[i].to_f64().abs());
-        let cond = 64.0 * 2f64.powi(-24) * max_abs * rstd * (1.0 + gm);
-        let err_abs = (g.to_f64() - r).abs();
-        let e = ulp_err(g, r);
-        // The output's own rounding, in absolute terms.
-        let round = (f16::from_f64(r).to_f64() - r).abs();
-        if !(e <= 1.0 || err_abs <= cond + round + 1e-12) {
-            return Err(format!(
-                "col {i}: got {g} want {r} ({e:.2} ulp, cond {cond:.3e})"
-            ));
-        }
-        worst = worst.max(e);
-    }
-    Ok(worst)
-}
 
 /// Kinds of index tables the gather suites draw.
 pub const TABLE_KINDS: u8 = 5;

@@ -105,7 +105,16 @@ fn build(root: &Path, target_dir: &Path, o: &Object) -> Result<Vec<u8>> {
         Kind::AmdElf => out.join("wavefuse_device.elf"),
         Kind::Ptx => out.join("deps/wavefuse_device.s"),
     };
-    fs::read(&p).map_err(|e| fail(format!("read {}: {e}", p.display())))
+    let b = fs::read(&p).map_err(|e| fail(format!("read {}: {e}", p.display())))?;
+    match o.kind {
+        Kind::AmdElf => Ok(b),
+        Kind::Ptx => {
+            let text = String::from_utf8(b).map_err(|e| fail(format!("{}: {e}", p.display())))?;
+            recipe::launch_bounds(&text)
+                .map(String::into_bytes)
+                .map_err(|e| fail(format!("{}: {e}", p.display())))
+        }
+    }
 }
 
 /// Runs the pinned cargo on the device crate as the recipe says, with

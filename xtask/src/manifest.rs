@@ -169,6 +169,14 @@ pub fn render(tc: &Toolchain, sources: &[(String, String)], built: &[Built]) -> 
         let _ = writeln!(w, "  target {}", o.triple());
         let _ = writeln!(w, "  rustflags {}", o.rustflags().join(" "));
         let _ = writeln!(w, "  kernel-crate-flags {}", o.kernel_flags().join(" "));
+        if o.kind == recipe::Kind::Ptx {
+            for (prefix, threads, blocks) in recipe::PTX_LAUNCH_BOUNDS {
+                let _ = writeln!(
+                    w,
+                    "  ptx-launch-bounds {prefix}* .maxntid {threads},1,1 .minnctapersm {blocks}"
+                );
+            }
+        }
     }
     m
 }

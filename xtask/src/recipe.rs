@@ -39,6 +39,56 @@ pub const PROFILE: &[(&str, &str)] = &[
 /// its row to local memory on NVPTX).
 pub const KERNEL_FLAGS: &[&str] = &["-Cllvm-args=-unroll-threshold=1000"];
 
+/// PTX performance directives for entry points whose register budget
+/// decides their speed: (entry-name prefix, `.maxntid`: the threads per
+/// workgroup they are launched with, `.minnctapersm`: the workgroups per SM
+/// ptxas must fit). rustc has no way to attach NVVM launch bounds, so they
+/// are written after the entry's parameter list. The window attention
+/// without bounds took 176 registers (3 workgroups per SM); with 4 it was
+/// 1.5x faster on the H200 (BENCHMARKS.md).
+pub const PTX_LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[(
+    "wf_window_attention_",
+    wavefuse_shared::geometry::ATTN_WAVES * 32,
+    wavefuse_shared::geometry::ATTN_MIN_BLOCKS_SM,
+)];
+
+/// `ptx` with [`PTX_LAUNCH_BOUNDS`] applied to every matching entry point;
+/// an error when a listed prefix matches no entry.
+pub fn launch_bounds(ptx: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(ptx.len() + 256);
+    let mut rest = ptx;
+    let mut hits = vec![0usize; PTX_LAUNCH_BOUNDS.len()];
+    while let Some(i) = rest.find(".entry ") {
+        let (head, tail) = rest.split_at(i);
+        out.push_str(head);
+        let name_end = tail.find('(').ok_or("an .entry without a parameter list")?;
+        let name = tail[".entry ".len()..name_end].trim();
+        // The parameter list ends at the first `)` that starts a line.
+        let close = tail
+            .find("\n)")
+            .ok_or("an .entry parameter list without `)`")?
+            + 2;
+        out.push_str(&tail[..close]);
+        for (n, (prefix, threads, blocks)) in PTX_LAUNCH_BOUNDS.iter().enumerate() {
+            if name.starts_with(prefix) {
+                out.push_str(&format!(
+                    "\n.maxntid {threads}, 1, 1\n.minnctapersm {blocks}"
+                ));
+                hits[n] += 1;
+            }
+        }
+        rest = &tail[close..];
+    }
+    out.push_str(rest);
+    match hits.iter().position(|&h| h == 0) {
+        Some(n) => Err(format!(
+            "no PTX entry point starts with {}",
+            PTX_LAUNCH_BOUNDS[n].0
+        )),
+        None => Ok(out),
+    }
+}
+
 /// Which kind of object a target produces.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
@@ -101,6 +151,12 @@ impl Object {
     /// Flags for every crate of the build (core and compiler_builtins too).
     pub fn rustflags(&self) -> Vec<String> {
         let mut f = vec![format!("-Ctarget-cpu={}", self.arch)];
+        if self.arch == "sm_80" {
+            // LLVM's default PTX ISA for sm_80 is 7.0; the cache-policy load
+            // (`createpolicy`, `ld.global.L2::cache_hint`) needs 7.4, and
+            // ptxas rejects the module without it.
+            f.push("-Ctarget-feature=+ptx74".into());
+        }
         if self.kind == Kind::AmdElf {
             f.push(format!(
                 "-Cllvm-args=--amdhsa-code-object-version={AMD_CODE_OBJECT_VERSION}"
@@ -144,4 +200,28 @@ pub fn cargo_args() -> Vec<String> {
         a.push(format!("profile.gpu.{k}={v}"));
     }
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PTX: &str = ".version 7.8\n.visible .entry wf_window_attention_mask_144(\n\t.param .u64 a,\n\t.param .f32 b\n)\n{\n\tret;\n}\n.visible .entry wf_gather_192(\n\t.param .u64 a\n)\n{\n\tret;\n}\n";
+
+    #[test]
+    fn bounds_follow_the_matching_parameter_lists_only() {
+        let out = launch_bounds(PTX).expect("bounds");
+        let (t, b) = (PTX_LAUNCH_BOUNDS[0].1, PTX_LAUNCH_BOUNDS[0].2);
+        let want = PTX.replacen(
+            "\t.param .f32 b\n)\n",
+            &format!("\t.param .f32 b\n)\n.maxntid {t}, 1, 1\n.minnctapersm {b}\n"),
+            1,
+        );
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn a_prefix_without_entries_is_an_error() {
+        assert!(launch_bounds(".version 7.8\n").is_err());
+    }
 }

@@ -14,12 +14,14 @@
 //! Workgroups are spread over the host's cores; within a workgroup the
 //! threads run in a fixed order, so results are deterministic.
 
+mod matrix;
 mod sched;
 
 use core::cell::Cell;
 use core::fmt;
 use std::vec::Vec;
 
+pub use matrix::{MatrixOp, MatrixRegs, run_matrix};
 pub use sched::launch;
 
 /// Grid, workgroup and wave sizes of one emulated launch.
@@ -70,6 +72,17 @@ pub enum EmuError {
         /// Thread within the workgroup.
         thread: u32,
     },
+    /// A wave ran a matrix instruction of another wave size (an NVIDIA
+    /// warp instruction in wave64 mode or an AMD wavefront instruction in
+    /// wave32 mode).
+    MatrixWave {
+        /// Workgroup (x, y).
+        block: (u32, u32),
+        /// Wave index within the workgroup.
+        wave: u32,
+        /// The instruction.
+        op: MatrixOp,
+    },
     /// The host could not map coroutine stacks.
     Stack,
 }
@@ -97,6 +110,10 @@ impl fmt::Display for EmuError {
             EmuError::Trap { block, thread } => {
                 write!(f, "thread {thread} of block {block:?} trapped")
             }
+            EmuError::MatrixWave { block, wave, op } => write!(
+                f,
+                "block {block:?} wave {wave} ran {op:?}, an instruction of another wave size"
+            ),
             EmuError::Stack => write!(f, "could not allocate emulator stacks"),
         }
     }
@@ -122,6 +139,16 @@ pub enum Op {
         value: u32,
         /// Source lane (below the wave size).
         src: u32,
+    },
+    /// A wave-wide matrix instruction: every lane of the wave hands over
+    /// its operand registers (`regs` points at them on the lane's own
+    /// stack, which stays put while it is suspended) and gets the result
+    /// written into `regs.c`.
+    Matrix {
+        /// The instruction.
+        op: MatrixOp,
+        /// This lane's registers.
+        regs: *mut MatrixRegs,
     },
     /// The thread trapped; it is never resumed.
     Trap,

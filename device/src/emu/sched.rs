@@ -1,5 +1,5 @@
 //! Per-workgroup scheduling of emulated threads.
-use super::{Ctx, EmuError, LaunchConfig, Op, Yielder, poisoned_shared};
+use super::{Ctx, EmuError, LaunchConfig, MatrixOp, MatrixRegs, Op, Yielder, poisoned_shared};
 use core::cell::Cell;
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult};
@@ -195,6 +195,13 @@ fn resolve_wave(
 ) -> Result<bool, EmuError> {
     // The first waiting lane names the exchange (xor with its mask, or
     // indexed); every lane of the wave must wait at the same kind.
+    let matrix = lanes.iter().find_map(|s| match s {
+        State::Waiting(Op::Matrix { op, .. }) => Some(*op),
+        _ => None,
+    });
+    if let Some(op) = matrix {
+        return resolve_matrix(cfg, block, w, lanes, op);
+    }
     let first = lanes.iter().find_map(|s| match s {
         State::Waiting(Op::ShflXor { mask, .. }) => Some(Some(*mask)),
         State::Waiting(Op::ShflIdx { .. }) => Some(None),
@@ -232,6 +239,49 @@ fn resolve_wave(
     }
     for (l, s) in lanes.iter_mut().enumerate() {
         *s = State::Ready(values[srcs[l] as usize]);
+    }
+    Ok(true)
+}
+
+/// Completes a matrix instruction if the whole wave waits at it.
+fn resolve_matrix(
+    cfg: &LaunchConfig,
+    block: (u32, u32),
+    w: u32,
+    lanes: &mut [State],
+    op: MatrixOp,
+) -> Result<bool, EmuError> {
+    let mut exited = 0;
+    let mut ptrs = [core::ptr::null_mut::<MatrixRegs>(); 64];
+    for (l, s) in lanes.iter().enumerate() {
+        match *s {
+            State::Waiting(Op::Matrix { op: o, regs }) if o == op => ptrs[l] = regs,
+            State::Done => exited += 1,
+            _ => return Err(EmuError::DivergentCollective { block, wave: w }),
+        }
+    }
+    if exited > 0 {
+        return Err(EmuError::PartialCollective {
+            block,
+            wave: w,
+            exited,
+        });
+    }
+    if op.lanes() != cfg.wave {
+        return Err(EmuError::MatrixWave { block, wave: w, op });
+    }
+    let n = lanes.len();
+    let mut regs = [MatrixRegs::default(); 64];
+    for l in 0..n {
+        // SAFETY: each pointer is a suspended lane's own `MatrixRegs`,
+        // which lives on its coroutine stack until the lane resumes.
+        regs[l] = unsafe { ptrs[l].read() };
+    }
+    super::matrix::resolve(op, &mut regs[..n]);
+    for l in 0..n {
+        // SAFETY: as above; no lane runs while the scheduler writes.
+        unsafe { ptrs[l].write(regs[l]) };
+        lanes[l] = State::Ready(0);
     }
     Ok(true)
 }

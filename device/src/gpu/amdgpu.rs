@@ -10,6 +10,10 @@ unsafe extern "C" {
     fn amdgcn_exp2(x: f32) -> f32;
     #[link_name = "llvm.amdgcn.rcp.f32"]
     fn amdgcn_rcp(x: f32) -> f32;
+    #[link_name = "llvm.amdgcn.sched.barrier"]
+    fn amdgcn_sched_barrier(mask: i32);
+    #[link_name = "llvm.amdgcn.wave.barrier"]
+    fn amdgcn_wave_barrier();
 }
 
 #[inline(always)]
@@ -134,4 +138,68 @@ pub fn add_h2(a: u32, b: u32) -> u32 {
 #[inline(always)]
 pub fn widen2(w: u32) -> [f32; 2] {
     [h2f(w as u16), h2f((w >> 16) as u16)]
+}
+
+/// Four halves in two registers.
+#[repr(simd)]
+#[derive(Clone, Copy)]
+struct H4([f16; 4]);
+
+/// Four `f32` accumulators.
+#[repr(simd)]
+#[derive(Clone, Copy)]
+struct F4([f32; 4]);
+
+// `../shared/TOOLCHAIN.md`: gives `v_mfma_f32_16x16x16f16` on gfx90a and
+// `v_mfma_f32_16x16x16_f16` on gfx942 (`core::arch::amdgpu` has no MFMA).
+#[allow(improper_ctypes)]
+unsafe extern "C" {
+    #[link_name = "llvm.amdgcn.mfma.f32.16x16x16f16"]
+    fn amdgcn_mfma_16x16x16f16(a: H4, b: H4, c: F4, cbsz: i32, abid: i32, blgp: i32) -> F4;
+}
+
+#[inline(always)]
+pub fn mfma_16x16x16_f16(a: [u32; 2], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    // SAFETY: H4 and [u32; 2] are both 8 bytes, F4 and [f32; 4] 16; a
+    // register-only instruction the whole wavefront executes (facade
+    // contract); CBSZ/ABID/BLGP 0 = no broadcast or lane swizzle.
+    unsafe {
+        let d = amdgcn_mfma_16x16x16f16(
+            core::mem::transmute::<[u32; 2], H4>(a),
+            core::mem::transmute::<[u32; 2], H4>(b),
+            F4(c),
+            0,
+            0,
+            0,
+        );
+        core::mem::transmute::<F4, [f32; 4]>(d)
+    }
+}
+
+#[inline(always)]
+pub fn sched_barrier() {
+    // SAFETY: a scheduling hint with no effect on execution; mask 0 lets
+    // no instruction cross it.
+    unsafe { amdgcn_sched_barrier(0) }
+}
+
+#[inline(always)]
+pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
+    // SAFETY: caller contract (16 readable / writable, aligned bytes).
+    unsafe { dst.cast::<[u32; 4]>().write(src.cast::<[u32; 4]>().read()) }
+}
+
+#[inline(always)]
+pub fn copy_to_workgroup_wait() {}
+
+#[inline(always)]
+pub fn wave_barrier() {
+    // SAFETY: a convergent code-motion barrier; the wavefront executes in
+    // lockstep and its LDS operations complete in order.
+    unsafe { amdgcn_wave_barrier() }
+}
+
+#[inline(always)]
+pub fn wave_uniform(v: u32) -> u32 {
+    a::readfirstlane_u32(v)
 }

@@ -116,3 +116,94 @@ pub fn add_h2(a: u32, b: u32) -> u32 {
 pub fn widen2(w: u32) -> [f32; 2] {
     [h2f(w as u16), h2f((w >> 16) as u16)]
 }
+
+/// The address `lane` gave (an indexed exchange of both halves).
+#[inline(always)]
+fn addr_of(p: *const u16, lane: u32) -> *const u16 {
+    let a = p as usize as u64;
+    let lo = shfl_idx_u32(a as u32, lane);
+    let hi = shfl_idx_u32((a >> 32) as u32, lane);
+    (u64::from(lo) | (u64::from(hi) << 32)) as usize as *const u16
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x4.shared.b16`, emulated (wave32 only):
+/// lane `l` gives the address of row `l % 8` of matrix `l / 8` and gets,
+/// in register `j`, halves `2 (l % 4)..` of row `l / 4` of matrix `j`.
+#[inline(always)]
+pub unsafe fn ldmatrix_x4(p: *const u16) -> [u32; 4] {
+    if wave_size() != 32 {
+        trap();
+    }
+    let l = thread_id() % 32;
+    let mut r = [0u32; 4];
+    for (j, r) in r.iter_mut().enumerate() {
+        let row = addr_of(p, 8 * j as u32 + l / 4);
+        // SAFETY: the giving lane's row is readable (caller contract).
+        *r = unsafe { row.add(2 * (l % 4) as usize).cast::<u32>().read_unaligned() };
+    }
+    r
+}
+
+/// `ldmatrix...x4.trans`, emulated: register `j` of lane `l` holds
+/// element `l / 4` of rows `2 (l % 4)` and `2 (l % 4) + 1` of matrix `j`.
+#[inline(always)]
+pub unsafe fn ldmatrix_x4_trans(p: *const u16) -> [u32; 4] {
+    if wave_size() != 32 {
+        trap();
+    }
+    let l = thread_id() % 32;
+    let mut r = [0u32; 4];
+    for (j, r) in r.iter_mut().enumerate() {
+        let r0 = addr_of(p, 8 * j as u32 + 2 * (l % 4));
+        let r1 = addr_of(p, 8 * j as u32 + 2 * (l % 4) + 1);
+        let c = (l / 4) as usize;
+        // SAFETY: as for `ldmatrix_x4`.
+        let (lo, hi) = unsafe { (r0.add(c).read(), r1.add(c).read()) };
+        *r = u32::from(lo) | (u32::from(hi) << 16);
+    }
+    r
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`, emulated.
+#[inline(always)]
+pub fn mma_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    let mut regs = emu::MatrixRegs { a, b, c };
+    emu::run_matrix(emu::MatrixOp::Mma16816, &mut regs);
+    regs.c
+}
+
+/// `v_mfma_f32_16x16x16f16`, emulated.
+#[inline(always)]
+pub fn mfma_16x16x16_f16(a: [u32; 2], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    let mut regs = emu::MatrixRegs {
+        a: [a[0], a[1], 0, 0],
+        b,
+        c,
+    };
+    emu::run_matrix(emu::MatrixOp::Mfma16x16x16, &mut regs);
+    regs.c
+}
+
+#[inline(always)]
+pub fn sched_barrier() {}
+
+#[inline(always)]
+pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
+    // SAFETY: caller contract (16 readable / writable, aligned bytes).
+    unsafe { dst.cast::<[u32; 4]>().write(src.cast::<[u32; 4]>().read()) }
+}
+
+#[inline(always)]
+pub fn copy_to_workgroup_wait() {}
+
+#[inline(always)]
+pub fn wave_barrier() {
+    // Every lane of the wave suspends here until all have arrived, as at
+    // any exchange (xor 0: each lane gets its own value back).
+    emu::collective(emu::Op::ShflXor { value: 0, mask: 0 });
+}
+
+#[inline(always)]
+pub fn wave_uniform(v: u32) -> u32 {
+    v
+}

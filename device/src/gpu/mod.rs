@@ -1,10 +1,12 @@
 //! The one place kernels meet the hardware.
 //!
 //! Each target provides the same small set of primitives: ids, the wave
-//! size, a workgroup barrier, butterfly and indexed lane exchanges,
-//! launch-sized workgroup memory, one cache-policy load, f16 conversions
-//! and the few arithmetic instructions whose hardware form differs from
-//! IEEE (approximate `exp2`, reciprocal, reciprocal square root). Group
+//! size, workgroup and wave barriers, butterfly and indexed lane exchanges,
+//! launch-sized workgroup memory and asynchronous copies into it, one
+//! cache-policy load, f16 conversions, the few arithmetic instructions
+//! whose hardware form differs from IEEE (approximate `exp2`, reciprocal,
+//! reciprocal square root), two compiler hints ([`sched_barrier`],
+//! [`wave_uniform`]) and the matrix units ([`mma`]). Group
 //! reductions are built here from the exchanges, once for every target.
 //! Nothing outside this module (and its per-target files) names a
 //! `target_arch`.
@@ -33,6 +35,8 @@ use nvptx as imp;
 mod host;
 #[cfg(not(any(target_arch = "amdgpu", target_arch = "nvptx64")))]
 use host as imp;
+
+pub mod mma;
 
 pub use wavefuse_shared::Target;
 
@@ -247,4 +251,56 @@ pub fn add_h2(a: u32, b: u32) -> u32 {
 #[inline(always)]
 pub fn widen2(w: u32) -> [f32; 2] {
     imp::widen2(w)
+}
+
+/// A fence for the compiler's instruction scheduler only (no instruction,
+/// no memory ordering): nothing is moved across it. On AMD
+/// `llvm.amdgcn.sched.barrier(0)`, which keeps the machine scheduler from
+/// hoisting loads far above their use when that would exceed the register
+/// budget (gfx9 builds must assume 1024-thread workgroups, hence 128
+/// VGPRs); nothing elsewhere (ptxas schedules NVIDIA code on its own).
+#[inline(always)]
+pub fn sched_barrier() {
+    imp::sched_barrier()
+}
+
+/// Copies 16 bytes from global memory at `src` to workgroup memory at
+/// `dst` without passing through registers where the target can (NVIDIA
+/// `cp.async.cg.shared.global`, sm_80+: the loads stay in flight while the
+/// thread goes on); a load and a store elsewhere. The data is visible to
+/// this thread only after [`copy_to_workgroup_wait`], to the workgroup
+/// after that and a [`barrier`].
+///
+/// # Safety
+/// `src` readable for 16 bytes (global memory), `dst` writable for 16
+/// bytes of workgroup memory, both 16-byte aligned.
+#[inline(always)]
+pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
+    // SAFETY: caller contract.
+    unsafe { imp::copy_to_workgroup(dst, src) }
+}
+
+/// Waits for this thread's [`copy_to_workgroup`] copies.
+#[inline(always)]
+pub fn copy_to_workgroup_wait() {
+    imp::copy_to_workgroup_wait()
+}
+
+/// Orders workgroup-memory accesses among the lanes of one wave: what a
+/// lane wrote before it is visible to the wave's other lanes after it
+/// (NVIDIA `bar.warp.sync`; AMD `wave_barrier`, the wave being in lockstep
+/// with in-order LDS; in the emulator a wave collective). Every lane of the
+/// wave must reach it.
+#[inline(always)]
+pub fn wave_barrier() {
+    imp::wave_barrier()
+}
+
+/// `v`, which must be the same on every lane of the wave, marked as such:
+/// on AMD `readfirstlane`, which moves it (and what is computed from it) to
+/// scalar registers the compiler cannot prove uniform by itself (a wave
+/// index from the thread id, say); the value itself elsewhere.
+#[inline(always)]
+pub fn wave_uniform(v: u32) -> u32 {
+    imp::wave_uniform(v)
 }

@@ -9,6 +9,8 @@ unsafe extern "C" {
     fn shfl_sync_bfly_i32(member_mask: u32, v: u32, lane_mask: u32, clamp: u32) -> u32;
     #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
     fn shfl_sync_idx_i32(member_mask: u32, v: u32, src_lane: u32, clamp: u32) -> u32;
+    #[link_name = "llvm.nvvm.bar.warp.sync"]
+    fn bar_warp_sync(member_mask: u32);
     // `core::intrinsics::exp2f32` lowers to `ex2.approx.f32`, whose
     // subnormal handling costs four extra instructions per call; the
     // throughput-bound kernels use the flush-to-zero form directly.
@@ -178,4 +180,121 @@ pub fn widen2(w: u32) -> [f32; 2] {
         let f: F2 = core::intrinsics::simd::simd_cast(core::mem::transmute::<u32, H2>(w));
         core::mem::transmute::<F2, [f32; 2]>(f)
     }
+}
+
+/// An `ldmatrix` result (four `.b16x2` registers).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct U4(u32, u32, u32, u32);
+
+/// An `mma` accumulator (four `.f32`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct F4(f32, f32, f32, f32);
+
+// The declarations `../shared/TOOLCHAIN.md` records as compiling with the
+// pinned nightly (SASS: LDSM.16.M88.4, LDSM.16.MT88.4, HMMA.16816.F32).
+// The intrinsics are convergent in LLVM, which inline assembly cannot be.
+#[allow(improper_ctypes)]
+unsafe extern "unadjusted" {
+    #[link_name = "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16"]
+    fn ldmatrix_x4_b16(p: *const u16) -> U4;
+    #[link_name = "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b16"]
+    fn ldmatrix_x4_trans_b16(p: *const u16) -> U4;
+    // `.f32.f32`: D and C types; A and B are f16.
+    #[link_name = "llvm.nvvm.mma.m16n8k16.row.col.f32.f32"]
+    fn mma_m16n8k16_f32(
+        a0: H2,
+        a1: H2,
+        a2: H2,
+        a3: H2,
+        b0: H2,
+        b1: H2,
+        c0: f32,
+        c1: f32,
+        c2: f32,
+        c3: f32,
+    ) -> F4;
+}
+
+#[inline(always)]
+pub unsafe fn ldmatrix_x4(p: *const u16) -> [u32; 4] {
+    // SAFETY: caller contract (workgroup memory, 16-byte aligned rows, the
+    // whole warp).
+    let r = unsafe { ldmatrix_x4_b16(p) };
+    [r.0, r.1, r.2, r.3]
+}
+
+#[inline(always)]
+pub unsafe fn ldmatrix_x4_trans(p: *const u16) -> [u32; 4] {
+    // SAFETY: as above.
+    let r = unsafe { ldmatrix_x4_trans_b16(p) };
+    [r.0, r.1, r.2, r.3]
+}
+
+#[inline(always)]
+pub fn mma_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    let h = |w: u32| {
+        // SAFETY: H2 and u32 are both 4 bytes.
+        unsafe { core::mem::transmute::<u32, H2>(w) }
+    };
+    // SAFETY: register-only arithmetic; the whole warp executes it (facade
+    // contract).
+    let d = unsafe {
+        mma_m16n8k16_f32(
+            h(a[0]),
+            h(a[1]),
+            h(a[2]),
+            h(a[3]),
+            h(b[0]),
+            h(b[1]),
+            c[0],
+            c[1],
+            c[2],
+            c[3],
+        )
+    };
+    [d.0, d.1, d.2, d.3]
+}
+
+#[inline(always)]
+pub fn sched_barrier() {}
+
+#[inline(always)]
+pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
+    // No NVVM intrinsic takes generic pointers, hence inline PTX; not a
+    // collective, so convergence does not matter. Without `nomem` the
+    // compiler keeps memory accesses on its side of the asm.
+    // SAFETY: caller contract (`src` global, `dst` workgroup memory, 16
+    // aligned bytes each).
+    unsafe {
+        core::arch::asm!(
+            "{{",
+            ".reg .b64 s, g;",
+            "cvta.to.shared.u64 s, {d};",
+            "cvta.to.global.u64 g, {g};",
+            "cp.async.cg.shared.global [s], [g], 16;",
+            "}}",
+            d = in(reg64) dst,
+            g = in(reg64) src,
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
+#[inline(always)]
+pub fn copy_to_workgroup_wait() {
+    // SAFETY: waits for this thread's cp.async groups; no operands.
+    unsafe { core::arch::asm!("cp.async.wait_all;", options(nostack, preserves_flags)) }
+}
+
+#[inline(always)]
+pub fn wave_barrier() {
+    // SAFETY: the whole warp reaches it (facade contract).
+    unsafe { bar_warp_sync(u32::MAX) }
+}
+
+#[inline(always)]
+pub fn wave_uniform(v: u32) -> u32 {
+    v
 }

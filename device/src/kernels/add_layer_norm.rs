@@ -19,7 +19,10 @@
 //! so `residual_out == residual` (in place) is race-free. Rows past the end
 //! and steps past the row are predicated off; their lanes still join the
 //! group reductions.
-use super::layer_norm::{in_row, lane_sq_dev, lane_sum, mean_of, normalise_store, rstd_of};
+use super::layer_norm::{in_row, normalise_store};
+use super::ln_stats::{
+    Mean, group_sum_f64_n, lane_sq_sum, lane_sum_exact, mean_of, offsets, stats_of,
+};
 use crate::gpu;
 use crate::vec::{V8, add_h2, load8_bits, store8_bits, widen2};
 use wavefuse_shared::AddLnShape;
@@ -86,28 +89,29 @@ pub unsafe fn add_layer_norm<
             }
         }
     }
-    let mut sums = [0.0f32; R];
+    // Statistics as in `ln_stats::moments`, the rows' reductions interleaved.
+    let mut sums = [0.0f64; R];
     for r in 0..R {
-        sums[r] = lane_sum(&v[r]);
+        sums[r] = lane_sum_exact(&v[r]);
     }
-    let sums = gpu::group_sum_n::<L, R>(sums);
-    let mut mean = [0.0f32; R];
+    let sums = group_sum_f64_n::<L, R>(sums);
+    let mut mean = [Mean { hi: 0.0, lo: 0.0 }; R];
     let mut sq = [0.0f32; R];
     for r in 0..R {
         mean[r] = mean_of::<W>(sums[r]);
-        sq[r] = lane_sq_dev::<W, L, NV>(&v[r], mean[r], lane);
+        offsets::<W, L, NV>(&mut v[r], mean[r].hi, lane);
+        sq[r] = lane_sq_sum(&v[r]);
     }
     let sq = gpu::group_sum_n::<L, R>(sq);
     for r in 0..R {
         let row = first + r as u64;
         if row < rows {
-            let rstd = rstd_of::<W>(sq[r], eps);
+            let st = stats_of::<W>(sq[r], mean[r], eps);
             // SAFETY: row < rows; `y` row and affine vectors in bounds.
             unsafe {
                 normalise_store::<W, L, NV, AFFINE>(
                     &v[r],
-                    mean[r],
-                    rstd,
+                    st,
                     y.add(row as usize * W),
                     gamma,
                     beta,

@@ -17,8 +17,9 @@
 //! Padding rows and rows past the end load nothing but join the group
 //! reductions; padding rows are written as zeros.
 use super::gather::source_of_row;
-use super::layer_norm::{group_row, in_row, moments};
+use super::layer_norm::{group_row, in_row};
 use super::layer_norm_gather::store_gathered;
+use super::ln_stats::moments;
 use crate::gpu;
 use crate::vec::{load8, store8};
 
@@ -84,15 +85,14 @@ pub unsafe fn add_layer_norm_gather<
         }
     }
     // Every lane of the group, active or not, joins the reductions.
-    let (mean, rstd) = moments::<W, L, NV>(&v, lane, eps);
+    let st = moments::<W, L, NV>(&mut v, lane, eps);
     if active {
         // SAFETY: row < n_out; `out` row and affine vectors in bounds.
         unsafe {
             store_gathered::<W, L, NV, AFFINE>(
                 &v,
                 s.is_some(),
-                mean,
-                rstd,
+                st,
                 out.add(row as usize * W),
                 gamma,
                 beta,

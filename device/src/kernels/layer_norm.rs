@@ -1,12 +1,17 @@
-//! LayerNorm over fixed-width f16 rows: f32 mean and biased variance (two
-//! passes over registers, so no E[x^2] - mean^2 cancellation), output
-//! `(x - mean) * rstd [* gamma + beta]` rounded once to f16, `rstd` from
-//! [`math::rsqrt`] (hardware on NVIDIA: within one f16 ulp of the
-//! emulator's result, bit-identical on gfx9 and between emulator modes).
+//! LayerNorm over fixed-width f16 rows: the row sum exact in f64, the mean
+//! as two f32, deviations and biased variance in f32 (two passes over
+//! registers, so no E[x^2] - mean^2 cancellation), output
+//! `(x - mean) * rstd [* gamma + beta]` rounded once to f16. Every output is
+//! within one f16 ulp of the exact value, constant rows give exactly 0 (or
+//! `beta`); [`super::ln_stats`] has the computation and its error bound.
+//! `rstd` comes from [`math::rsqrt`] (hardware on NVIDIA: within one f16 ulp
+//! of the emulator's result, bit-identical on gfx9 and between emulator
+//! modes).
 //!
 //! Layout: [`wavefuse_shared::RowLayout`] (a group of `L` lanes per row,
 //! three 16-byte vectors per lane). Rows past the end are predicated off,
 //! never returned early from: their lanes still join the group reductions.
+use super::ln_stats::{Stats, moments};
 use crate::gpu;
 use crate::math;
 use crate::vec::{load8, store8};
@@ -51,18 +56,18 @@ pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AF
             }
         }
     }
-    let (mean, rstd) = moments::<W, L, NV>(&v, lane, eps);
+    let st = moments::<W, L, NV>(&mut v, lane, eps);
     if active {
         // SAFETY: row < rows; `y` row and affine vectors in bounds.
-        unsafe {
-            normalise_store::<W, L, NV, AFFINE>(&v, mean, rstd, y.add(base), gamma, beta, lane)
-        };
+        unsafe { normalise_store::<W, L, NV, AFFINE>(&v, st, y.add(base), gamma, beta, lane) };
     }
 }
 
-/// Writes `(v - mean) * rstd [* gamma + beta]` as halves: the lane's `NV`
-/// vectors of one row (vector `k * L + lane`, those inside the row)
-/// starting at `y_row`.
+/// Writes `(t - lo) * rstd [* gamma + beta]` as halves, `t` the lane's
+/// [`super::ln_stats::offsets`] (`fma(t, rstd, shift)`, see [`Stats`]): its
+/// `NV` vectors of one row (vector `k * L + lane`, those inside the row)
+/// starting at `y_row`. The affine step is one fused multiply-add (one
+/// rounding).
 ///
 /// # Safety
 /// `y_row` valid for `W` halves, `gamma`/`beta` for `W` halves when
@@ -70,9 +75,8 @@ pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AF
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
 pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
-    v: &[[f32; 8]; NV],
-    mean: f32,
-    rstd: f32,
+    t: &[[f32; 8]; NV],
+    st: Stats,
     y_row: *mut u16,
     gamma: *const u16,
     beta: *const u16,
@@ -85,13 +89,13 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
         let col = (k * L as usize + lane) * 8;
         let mut o = [0.0f32; 8];
         for i in 0..8 {
-            o[i] = (v[k][i] - mean) * rstd;
+            o[i] = math::fma(t[k][i], st.rstd, st.shift);
         }
         if AFFINE {
             // SAFETY: col + 8 <= W.
             let (g, b) = unsafe { (load8(gamma.add(col)), load8(beta.add(col))) };
             for i in 0..8 {
-                o[i] = o[i] * g[i] + b[i];
+                o[i] = math::fma(o[i], g[i], b[i]);
             }
         }
         // SAFETY: col + 8 <= W.
@@ -107,72 +111,6 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
 #[inline(always)]
 pub fn in_row<const W: usize, const L: u32, const NV: usize>(k: usize, lane: usize) -> bool {
     L as usize * NV * 8 == W || (k as u32 * L + lane as u32) * 8 < W as u32
-}
-
-/// This lane's share of the row sum. Steps outside the row must hold zeros.
-/// Starts from the first step, not from 0.0 (`x + 0.0` is not an identity
-/// in IEEE arithmetic, so it would cost an add), and sums as a tree.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)]
-pub fn lane_sum<const NV: usize>(v: &[[f32; 8]; NV]) -> f32 {
-    let mut s = v[0];
-    for k in 1..NV {
-        for i in 0..8 {
-            s[i] += v[k][i];
-        }
-    }
-    math::tree_sum8(s)
-}
-
-/// This lane's share of the squared deviations from `mean`; steps outside
-/// the row ([`in_row`]) are left out by a select, not a branch.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)]
-pub fn lane_sq_dev<const W: usize, const L: u32, const NV: usize>(
-    v: &[[f32; 8]; NV],
-    mean: f32,
-    lane: usize,
-) -> f32 {
-    let mut q = [0.0f32; 8];
-    for k in 0..NV {
-        let inside = in_row::<W, L, NV>(k, lane);
-        for i in 0..8 {
-            let d = v[k][i] - mean;
-            let dd = if inside { d * d } else { 0.0 };
-            q[i] = if k == 0 { dd } else { q[i] + dd };
-        }
-    }
-    math::tree_sum8(q)
-}
-
-/// The mean from the row sum: [`math::div_const`] (exact for a constant
-/// row, so its deviations are exactly 0).
-#[inline(always)]
-pub fn mean_of<const W: usize>(sum: f32) -> f32 {
-    math::div_const(sum, W as f32)
-}
-
-/// `1 / sqrt(biased variance + eps)` from the sum of squared deviations
-/// ([`math::rsqrt`]).
-#[inline(always)]
-pub fn rstd_of<const W: usize>(sq_dev_sum: f32, eps: f32) -> f32 {
-    math::rsqrt(sq_dev_sum * (1.0 / W as f32) + eps)
-}
-
-/// Mean and 1/sqrt(biased variance + eps) of the group's row (f32).
-/// Steps outside the row ([`in_row`]) must hold zeros. The per-row scalar
-/// work is kept short because every warp waits on it between its loads
-/// and its stores (no IEEE division or square root with their slow-path
-/// branches; see [`mean_of`], [`rstd_of`]).
-#[inline(always)]
-pub fn moments<const W: usize, const L: u32, const NV: usize>(
-    v: &[[f32; 8]; NV],
-    lane: usize,
-    eps: f32,
-) -> (f32, f32) {
-    let mean = mean_of::<W>(gpu::group_sum::<L>(lane_sum(v)));
-    let q = gpu::group_sum::<L>(lane_sq_dev::<W, L, NV>(v, mean, lane));
-    (mean, rstd_of::<W>(q, eps))
 }
 
 macro_rules! layer_norm_entries {

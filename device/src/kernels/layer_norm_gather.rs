@@ -1,7 +1,8 @@
 //! LayerNorm fused with a token gather (e.g. a window partition):
 //! `out[t] = idx[t] >= 0 ? LayerNorm(src[idx[t]]) : 0`, in one pass with no
 //! normalised intermediate. Numerics are exactly those of
-//! [`super::layer_norm`] (f32 two-pass moments, output rounded once).
+//! [`super::layer_norm`] ([`super::ln_stats`]: exact row sum, two-float
+//! mean, f32 deviations and variance, output rounded once).
 //!
 //! Layout: [`wavefuse_shared::RowLayout`] over OUTPUT rows. A padding row
 //! (and a row past the end) loads nothing but its lanes still join the
@@ -9,7 +10,8 @@
 //! `0..n_src` (impossible after the host's validation) is treated as
 //! padding, never read.
 use super::gather::source_of_row;
-use super::layer_norm::{group_row, in_row, moments, normalise_store};
+use super::layer_norm::{group_row, in_row, normalise_store};
+use super::ln_stats::{Stats, moments};
 use crate::vec::{V8, load8};
 
 /// One row group's gathered LayerNorm.
@@ -50,15 +52,14 @@ pub unsafe fn layer_norm_gather<
         }
     }
     // Every lane of the group, active or not, joins the reductions.
-    let (mean, rstd) = moments::<W, L, NV>(&v, lane, eps);
+    let st = moments::<W, L, NV>(&mut v, lane, eps);
     if active {
         // SAFETY: row < n_out; `out` row and affine vectors in bounds.
         unsafe {
             store_gathered::<W, L, NV, AFFINE>(
                 &v,
                 s.is_some(),
-                mean,
-                rstd,
+                st,
                 out.add(row as usize * W),
                 gamma,
                 beta,
@@ -68,18 +69,17 @@ pub unsafe fn layer_norm_gather<
     }
 }
 
-/// Writes one gathered output row: the normalised row when it has a source
-/// (see [`normalise_store`]), zeros for a padding row.
+/// Writes one gathered output row: the normalised row (`t`, the offsets,
+/// see [`normalise_store`]) when it has a source, zeros for a padding row.
 ///
 /// # Safety
 /// As for [`normalise_store`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn store_gathered<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
-    v: &[[f32; 8]; NV],
+    t: &[[f32; 8]; NV],
     has_source: bool,
-    mean: f32,
-    rstd: f32,
+    st: Stats,
     out_row: *mut u16,
     gamma: *const u16,
     beta: *const u16,
@@ -87,7 +87,7 @@ pub unsafe fn store_gathered<const W: usize, const L: u32, const NV: usize, cons
 ) {
     if has_source {
         // SAFETY: caller contract.
-        unsafe { normalise_store::<W, L, NV, AFFINE>(v, mean, rstd, out_row, gamma, beta, lane) };
+        unsafe { normalise_store::<W, L, NV, AFFINE>(t, st, out_row, gamma, beta, lane) };
         return;
     }
     for k in 0..NV {

@@ -9,7 +9,9 @@ pub mod bias_mask_softmax;
 pub mod gather;
 pub mod layer_norm;
 pub mod layer_norm_gather;
+pub mod ln_stats;
 pub mod qkv_split;
+pub mod window_attention;
 
 pub use add_layer_norm::*;
 pub use add_layer_norm_gather::*;
@@ -20,3 +22,4 @@ pub use gather::*;
 pub use layer_norm::*;
 pub use layer_norm_gather::*;
 pub use qkv_split::*;
+pub use window_attention::*;

@@ -6,9 +6,10 @@
 //!   (an f32 add of the two halves rounded to f16 is the correctly rounded
 //!   f16 sum); an overflow gives ±Inf as in PyTorch. `r` is written out.
 //! - `y` is the LayerNorm of the ROUNDED `r` (never of the unrounded f32
-//!   sum), with the numerics of [`crate::layer_norm`]: f32 mean and biased
-//!   variance, `* gamma + beta` in f32 when affine, rounded once to f16. A
-//!   row holding NaN or Inf gives NaN everywhere in that row of `y`.
+//!   sum), with the numerics of [`crate::layer_norm`]: within one f16 ulp
+//!   of the exact LayerNorm of `r` (affine: plus its own cancellation
+//!   term), rounded once to f16. A row holding NaN or Inf gives NaN
+//!   everywhere in that row of `y`.
 //!
 //! Engines keep the residual stream in one buffer and update it in place:
 //! [`add_layer_norm`] takes `residual` as in/out. [`add_layer_norm_to`]
@@ -214,6 +215,9 @@ fn run(
     }
     c.finite_nonneg(eps, "eps")?;
     let (g, b) = Affine::check(affine, &c, width, &[(&ys, "y"), (&rout, rout_name)])?;
+    if rows == 0 {
+        return Ok(());
+    }
     let grid = c.grid(rows, shape.blocks_for(rows), shape.block)?;
     let l = Launch {
         grid: (grid, 1),

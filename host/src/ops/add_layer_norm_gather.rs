@@ -106,6 +106,9 @@ pub fn add_layer_norm_gather(
     c.finite_nonneg(eps, "eps")?;
     let (g, b) = Affine::check(affine, &c, width, &[(&os, "out"), (&rs, "residual")])?;
     let n_out = plan.len();
+    if n_out == 0 {
+        return Ok(());
+    }
     let l = row_launch(&c, n_out, layout.blocks_for(n_out))?;
     // SAFETY: the table was validated against n_src and names each source
     // once, so each residual element is read and written by one lane;

@@ -75,10 +75,10 @@ fn kernel(mode: GeluMode, bf16_bias: bool, vector: bool) -> GeluKernel {
 
 /// `y = gelu(x + bias)` over `x` [rows, cols] (see the module docs).
 ///
-/// `x` and `y` have the same length (a non-zero multiple of `cols`), `bias`
-/// has `cols` elements, and `y` overlaps neither input. Errors, all before
-/// any launch: `cols == 0` ([`Error::BadParameter`]), empty `x`
-/// ([`Error::Empty`]), `x` not a multiple of `cols` ([`Error::RaggedRows`]),
+/// `x` and `y` have the same length (a multiple of `cols`; empty is a
+/// no-op), `bias` has `cols` elements, and `y` overlaps neither input.
+/// Errors, all before any launch: `cols == 0` ([`Error::BadParameter`]),
+/// `x` not a multiple of `cols` ([`Error::RaggedRows`]),
 /// `y` or `bias` of the wrong length ([`Error::LengthMismatch`]), buffers of
 /// another device ([`Error::WrongDevice`]), overlap ([`Error::Aliasing`]),
 /// more than `u32::MAX` elements ([`Error::TooLarge`]).
@@ -123,6 +123,9 @@ pub fn bias_gelu(
             rows,
             blocks: n.div_ceil((GELU_BLOCK * GELU_PER_THREAD) as usize),
         });
+    }
+    if rows == 0 {
+        return Ok(());
     }
     let vector = cols.is_multiple_of(8) && [&xs, &ys, &bs].iter().all(|s| s.ptr % VEC_ALIGN == 0);
     let (items, per_row) = if vector { (n / 8, cols / 8) } else { (n, cols) };

@@ -53,17 +53,14 @@ impl WindowTable {
     /// Validates that every entry of `table` (one per window) is in
     /// `0..bound` and uploads it.
     ///
-    /// Errors: an empty table ([`Error::Empty`]); `bound` of 0 or above
-    /// `i32::MAX`, or an entry out of range ([`Error::BadParameter`] with
-    /// `what == "table"`, naming the first bad position).
+    /// An empty table (no windows) is valid: the ops then have nothing to
+    /// do.
+    ///
+    /// Errors: `bound` of 0 or above `i32::MAX`, or an entry out of range
+    /// ([`Error::BadParameter`] with `what == "table"`, naming the first bad
+    /// position).
     pub fn new(dev: &Device, table: &[i32], bound: usize) -> Result<WindowTable> {
         const OP: &str = "window_table";
-        if table.is_empty() {
-            return Err(Error::Empty {
-                op: OP,
-                what: "table",
-            });
-        }
         if bound == 0 || bound > i32::MAX as usize {
             return Err(Error::BadParameter {
                 op: OP,
@@ -90,12 +87,12 @@ impl WindowTable {
         })
     }
 
-    /// Windows (entries; never 0).
+    /// Windows (entries).
     pub fn len(&self) -> usize {
         self.table.len()
     }
 
-    /// Always false: an empty table is rejected by [`WindowTable::new`].
+    /// Whether the table has no windows.
     pub fn is_empty(&self) -> bool {
         self.table.is_empty()
     }
@@ -179,12 +176,6 @@ pub(crate) fn check_attn<'a>(
                 why: "size overflows",
             })
     };
-    if scores.len == 0 {
-        return Err(Error::Empty {
-            op: c.op,
-            what: "scores",
-        });
-    }
     c.len(scores, "scores", expect("scores")?)?;
     c.len(
         &bias,
@@ -232,9 +223,9 @@ pub(crate) fn check_attn<'a>(
 /// `windows == ab.ty.len()`; `tokens` (T) is any positive multiple of 4
 /// (Pangu: 144).
 ///
-/// Errors, all before any launch: `heads == 0` or `tokens` not a positive
-/// multiple of 4 ([`Error::BadParameter`]); empty `scores`
-/// ([`Error::Empty`]); a length that disagrees with the tables' windows,
+/// No windows (empty tables and `scores`) is a no-op. Errors, all before
+/// any launch: `heads == 0` or `tokens` not a positive multiple of 4
+/// ([`Error::BadParameter`]); a length that disagrees with the tables' windows,
 /// types or slots ([`Error::LengthMismatch`]); misaligned buffers
 /// ([`Error::Misaligned`]); buffers of another device
 /// ([`Error::WrongDevice`]); too many tiles for one launch
@@ -260,6 +251,9 @@ pub fn bias_mask_add(
     }
     let s = Span::from(&*scores);
     let a = check_attn(&c, &s, &[(&s, "scores")], heads, tokens, ab)?;
+    if a.windows == 0 {
+        return Ok(());
+    }
     let tiles = a.windows * heads;
     let grid = c.grid(tiles, tiles, ADD_BLOCK)?;
     let l = Launch {

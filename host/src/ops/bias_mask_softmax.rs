@@ -44,6 +44,9 @@ fn run(
         });
     }
     let a = check_attn(c, s, &[(p, "probs")], heads, tokens, ab)?;
+    if a.windows == 0 {
+        return Ok(());
+    }
     let rows = a.windows * heads * tokens;
     let per_block = SOFTMAX_ROWS as usize;
     if rows > (u32::MAX - SOFTMAX_BLOCK) as usize {
@@ -88,10 +91,10 @@ fn run(
 /// module docs). `scores` and `probs` are [windows, heads, 144, 144] with
 /// `windows == ab.ty.len()`, and must not overlap.
 ///
-/// Errors, all before any launch: `tokens != 144`
-/// ([`Error::UnsupportedWidth`]); `heads == 0` ([`Error::BadParameter`]);
-/// empty `scores` ([`Error::Empty`]); a length that disagrees with the
-/// tables' windows, types or slots ([`Error::LengthMismatch`]); misaligned
+/// No windows (empty tables and `scores`) is a no-op. Errors, all before
+/// any launch: `tokens != 144` ([`Error::UnsupportedWidth`]); `heads == 0`
+/// ([`Error::BadParameter`]); a length that disagrees with the tables'
+/// windows, types or slots ([`Error::LengthMismatch`]); misaligned
 /// buffers ([`Error::Misaligned`]); buffers of another device
 /// ([`Error::WrongDevice`]); overlap ([`Error::Aliasing`]); too many rows
 /// ([`Error::TooLarge`]).

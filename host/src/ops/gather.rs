@@ -44,25 +44,14 @@ impl std::fmt::Debug for GatherPlan {
 impl GatherPlan {
     /// Validates `table` against `n_src` source tokens and uploads it.
     ///
-    /// Errors: an empty table ([`Error::Empty`]), `n_src == 0`, or an entry
-    /// that is neither `-1` nor in `0..n_src` ([`Error::BadParameter`] with
-    /// `what == "table"`, naming the first bad position).
+    /// An empty table (and `n_src == 0`) is valid: the ops then have
+    /// nothing to do.
+    ///
+    /// Errors: an entry that is neither `-1` nor in `0..n_src`
+    /// ([`Error::BadParameter`] with `what == "table"`, naming the first bad
+    /// position).
     pub fn new(dev: &Device, table: &[i32], n_src: usize) -> Result<GatherPlan> {
         const OP: &str = "gather_plan";
-        if table.is_empty() {
-            return Err(Error::Empty {
-                op: OP,
-                what: "table",
-            });
-        }
-        if n_src == 0 {
-            return Err(Error::BadParameter {
-                op: OP,
-                what: "n_src",
-                value: "0".into(),
-                why: "must be >= 1",
-            });
-        }
         index::validate(table, n_src).map_err(|e| match e {
             IndexError::OutOfRange {
                 position,
@@ -93,12 +82,12 @@ impl GatherPlan {
         })
     }
 
-    /// Output tokens (entries of the table; never 0).
+    /// Output tokens (entries of the table).
     pub fn len(&self) -> usize {
         self.table.len()
     }
 
-    /// Always false: an empty table is rejected by [`GatherPlan::new`].
+    /// Whether the table has no entries.
     pub fn is_empty(&self) -> bool {
         self.table.is_empty()
     }
@@ -197,6 +186,9 @@ pub fn gather(
     let (ss, os) = (Span::from(src), Span::from(&*out));
     let table = check_plan(&c, plan, &ss, &os, width)?;
     let n_out = plan.len();
+    if n_out == 0 {
+        return Ok(());
+    }
     let fixed: Option<GatherKernel> = match width {
         192 => Some(launch::wf_gather_192),
         384 => Some(launch::wf_gather_384),

@@ -1,9 +1,14 @@
 //! LayerNorm over f16 rows of a fixed width.
 //!
-//! Contract (matches `torch.nn.functional.layer_norm` on f16 CUDA tensors):
-//! mean and biased variance in f32, `y = (x - mean) / sqrt(var + eps)`,
-//! then `* gamma + beta` in f32 when affine, rounded once to f16. A row
-//! holding NaN or Inf gives NaN everywhere in that row.
+//! Contract (`torch.nn.functional.layer_norm` on f16 tensors, more
+//! accurate): biased variance, `y = (x - mean) / sqrt(var + eps)`, then
+//! `* gamma + beta` when affine, rounded once to f16. Every output is within
+//! one f16 ulp of the exact LayerNorm of the f16 row (the row sum is exact,
+//! the rest f32; constant rows give exactly 0); with affine, plus only the
+//! affine map's own cancellation term (`2^-20 |o gamma|`, `o` the
+//! normalised value). The derivation is in the device crate's
+//! `kernels/ln_stats.rs`. A row holding NaN or Inf gives NaN everywhere in
+//! that row.
 use super::Check;
 use crate::backend::Launch;
 use crate::buffer::{Span, View, ViewMut};
@@ -74,8 +79,8 @@ fn kernel(width: usize, affine: bool) -> Option<LnKernel> {
 
 /// `y = LayerNorm(x)` over rows of `width` (192, 384 or 768).
 ///
-/// `x` and `y` are [rows, width] (rows >= 1), 16-byte aligned, and must not
-/// overlap. Every check runs before the launch.
+/// `x` and `y` are [rows, width], 16-byte aligned, and must not overlap.
+/// Every check runs before the launch; zero rows is a no-op.
 pub fn layer_norm(
     q: &impl AsStream,
     x: &View<'_, f16>,
@@ -108,6 +113,9 @@ pub fn layer_norm(
     c.disjoint(&xs, "x", &ys, "y")?;
     c.finite_nonneg(eps, "eps")?;
     let (g, b) = Affine::check(affine, &c, width, &[(&ys, "y")])?;
+    if rows == 0 {
+        return Ok(());
+    }
     let grid = c.grid(rows, layout.blocks_for(rows), ROW_BLOCK)?;
     let l = Launch {
         grid: (grid, 1),

@@ -2,9 +2,9 @@
 //! LayerNorm), in one pass with no normalised intermediate.
 //!
 //! Contract: `out[t] = plan[t] >= 0 ? LayerNorm(src[plan[t]]) : 0`, where
-//! LayerNorm has exactly the numerics of [`crate::layer_norm`] (f32 mean
-//! and biased variance, affine in f32, rounded once to f16; a NaN/Inf row
-//! gives a NaN row). Padding tokens are `+0.0` (also with affine: zero, not
+//! LayerNorm has exactly the numerics of [`crate::layer_norm`] (within one
+//! f16 ulp of the exact LayerNorm, affine adding only its own cancellation
+//! term; rounded once to f16; a NaN/Inf row gives a NaN row). Padding tokens are `+0.0` (also with affine: zero, not
 //! `beta`), as PyTorch's `LN -> pad -> partition` order produces.
 use super::Check;
 use super::gather::{GatherPlan, check_plan, row_launch};
@@ -77,6 +77,9 @@ pub fn layer_norm_gather(
     c.finite_nonneg(eps, "eps")?;
     let (g, b) = Affine::check(affine, &c, width, &[(&os, "out")])?;
     let n_out = plan.len();
+    if n_out == 0 {
+        return Ok(());
+    }
     let l = row_launch(&c, n_out, layout.blocks_for(n_out))?;
     // SAFETY: the table was validated against n_src and lives as long as
     // `plan`; extents, alignment and aliasing checked above.

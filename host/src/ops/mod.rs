@@ -8,6 +8,7 @@ pub mod gather;
 pub mod layer_norm;
 pub mod layer_norm_gather;
 pub mod qkv_split;
+pub mod window_attention;
 
 use crate::buffer::Span;
 use crate::device::Stream;
@@ -66,11 +67,9 @@ impl Check<'_> {
         }
     }
 
-    /// Rows of a [rows, width] tensor (>= 1).
+    /// Rows of a [rows, width] tensor (0 rows is a valid, empty tensor:
+    /// each op checks its arguments and then returns without a launch).
     pub fn rows(&self, s: &Span, what: &'static str, width: usize) -> Result<usize> {
-        if s.len == 0 {
-            return Err(Error::Empty { op: self.op, what });
-        }
         if !s.len.is_multiple_of(width) {
             return Err(Error::RaggedRows {
                 op: self.op,

@@ -56,9 +56,8 @@ impl QkvSplit {
 ///
 /// Errors, all before any launch: `head_dim != 32`
 /// ([`Error::UnsupportedWidth`]); `heads == 0`, `tokens_per_window == 0` or
-/// a non-finite `scale` ([`Error::BadParameter`]); empty `qkv`
-/// ([`Error::Empty`]); `qkv` not a whole number of windows
-/// ([`Error::RaggedRows`]); outputs or bias of the wrong length
+/// a non-finite `scale` ([`Error::BadParameter`]); `qkv` not a whole
+/// number of windows ([`Error::RaggedRows`]; none is a no-op); outputs or bias of the wrong length
 /// ([`Error::LengthMismatch`]); misaligned buffers ([`Error::Misaligned`]);
 /// buffers of another device ([`Error::WrongDevice`]); overlapping buffers
 /// ([`Error::Aliasing`]); more than `u32::MAX` vectors ([`Error::TooLarge`]).
@@ -144,6 +143,9 @@ pub fn qkv_split(
         }
         None => In::null(),
     };
+    if windows == 0 {
+        return Ok(());
+    }
     let n_vec = xs.len / 8;
     let per_block = (QKV_BLOCK * QKV_PER_THREAD) as usize;
     if n_vec > u32::MAX as usize {

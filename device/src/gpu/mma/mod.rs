@@ -1,0 +1,127 @@
+//! Matrix-unit (tensor core) operations on 16x16 tiles, one source for
+//! every target.
+//!
+//! A kernel that multiplies matrices implements [`MatrixKernel`]: its body
+//! is generic over an [`Mma`], the matrix unit of one wave, and [`run`]
+//! calls it with the target's: [`Warp32`] on NVIDIA (two
+//! `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` per 16x16x16 step,
+//! operands through `ldmatrix`), [`Wave64`] on AMD gfx90a/gfx942 (one
+//! `v_mfma_f32_16x16x16f16`). The host build has both and picks by the
+//! emulated wave size (wave32: [`Warp32`], wave64: [`Wave64`]), so the
+//! emulator runs each vendor's fragment layout on the same kernel source.
+//!
+//! The unit of work is a 16x16x16 step `C += A * B` on f16 operands with
+//! an f32 accumulator. Fragments are opaque per-lane registers whose
+//! layout the target defines; kernels reach elements only through the
+//! accumulator's coordinates ([`Mma::acc_row`], [`Mma::acc_col`]), load
+//! operands from row-major f16 tiles in workgroup memory, reduce over the
+//! lanes that share an accumulator row, and turn an accumulator into a
+//! left operand ([`Mma::to_a`]: `P = softmax(S)` then `P * V` with no trip
+//! through memory). Accumulator elements `2k` and `2k + 1` always lie in
+//! one row, in adjacent columns (`acc_col(2k + 1) == acc_col(2k) + 1`,
+//! `acc_col(2k)` even), so a kernel can move them as one f16 pair.
+//!
+//! Every operation is a wave-wide collective: the whole wave must reach
+//! it (the emulator reports a partial wave). On NVIDIA the instructions
+//! are LLVM's convergent NVVM intrinsics, not inline assembly, so LLVM
+//! does not move them into divergent code either.
+//!
+//! Arithmetic: f16 products, f32 accumulation in the hardware's order (not
+//! specified by either vendor); the emulator sums each element's products
+//! in f64 and rounds once.
+
+#[cfg(not(target_arch = "amdgpu"))]
+mod warp32;
+#[cfg(not(target_arch = "nvptx64"))]
+mod wave64;
+
+#[cfg(not(target_arch = "amdgpu"))]
+pub use warp32::Warp32;
+#[cfg(not(target_arch = "nvptx64"))]
+pub use wave64::Wave64;
+
+/// The most distinct tile rows one lane's accumulator elements lie in (2
+/// for [`Warp32`], 1 for [`Wave64`]): the size of a kernel's per-row state
+/// arrays, of which it uses the first [`Mma::ROWS`].
+pub const MAX_ROWS: usize = 2;
+
+/// The matrix unit of one wave: fragment types, their lane layouts and the
+/// operations on them. See the module docs.
+pub trait Mma {
+    /// Lanes of the wave that executes each operation.
+    const LANES: u32;
+    /// Accumulator elements per lane (`256 / LANES`).
+    const ACC_LEN: usize;
+    /// Distinct tile rows this lane's accumulator elements lie in
+    /// (at most [`MAX_ROWS`]).
+    const ROWS: usize;
+    /// Left operand: a 16x16 f16 tile (16 output rows x 16 of k).
+    type A: Copy;
+    /// Right operand: a 16x16 f16 tile (16 of k x 16 output columns).
+    type B: Copy;
+    /// A 16x16 f32 accumulator; `as_ref()[e]` is element `e` of this lane.
+    type Acc: Copy + AsRef<[f32]> + AsMut<[f32]>;
+
+    /// An accumulator of zeros.
+    fn zero() -> Self::Acc;
+    /// Tile row (0..16) of this lane's accumulator element `e`.
+    fn acc_row(e: usize) -> u32;
+    /// Tile column (0..16) of this lane's accumulator element `e`.
+    fn acc_col(e: usize) -> u32;
+    /// Which of this lane's rows (0..[`Mma::ROWS`]) element `e` lies in.
+    fn acc_slot(e: usize) -> usize;
+    /// Tile row of this lane's row `r` (`acc_row(e) == slot_row(acc_slot(e))`).
+    fn slot_row(r: usize) -> u32;
+    /// Max of `v` over the lanes holding elements of the same tile row (call
+    /// once per row slot; `f32::max`, so NaN is ignored unless all are NaN).
+    fn row_max(v: f32) -> f32;
+    /// Sum of `v` over the lanes holding elements of the same tile row, in
+    /// a fixed order (every such lane gets the same bits).
+    fn row_sum(v: f32) -> f32;
+    /// Left operand from a row-major tile: `A[i][k] = p[i * stride + k]`.
+    ///
+    /// # Safety
+    /// `p` points into workgroup memory, 16-byte aligned, `stride` a
+    /// multiple of 8, and 16 rows of 16 halves are readable.
+    unsafe fn load_a(p: *const u16, stride: usize) -> Self::A;
+    /// Right operand from a tile stored by output column (the rows of `Y`
+    /// in `X * Y^T`): `B[k][j] = p[j * stride + k]`.
+    ///
+    /// # Safety
+    /// As for [`Mma::load_a`].
+    unsafe fn load_b_t(p: *const u16, stride: usize) -> Self::B;
+    /// Right operand from a row-major tile: `B[k][j] = p[k * stride + j]`.
+    ///
+    /// # Safety
+    /// As for [`Mma::load_a`].
+    unsafe fn load_b(p: *const u16, stride: usize) -> Self::B;
+    /// `c + a * b`.
+    fn mma(a: Self::A, b: Self::B, c: Self::Acc) -> Self::Acc;
+    /// The accumulator rounded to f16 (nearest-even) as a left operand:
+    /// `to_a(c)` holds `A[i][k] = f16(C[i][k])`.
+    fn to_a(c: Self::Acc) -> Self::A;
+}
+
+/// A kernel body generic over the matrix unit (see [`run`]).
+pub trait MatrixKernel {
+    /// The body, with the wave's matrix unit `M`.
+    fn run<M: Mma>(self);
+}
+
+/// Runs `k` with this target's matrix unit (on the host: the emulated wave
+/// size's).
+#[inline(always)]
+pub fn run<K: MatrixKernel>(k: K) {
+    #[cfg(target_arch = "nvptx64")]
+    k.run::<Warp32>();
+    #[cfg(target_arch = "amdgpu")]
+    k.run::<Wave64>();
+    #[cfg(not(any(target_arch = "amdgpu", target_arch = "nvptx64")))]
+    {
+        if super::wave_size() == 32 {
+            k.run::<Warp32>()
+        } else {
+            k.run::<Wave64>()
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! NVIDIA warp (32 lanes): a 16x16x16 step is two
+//! `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`, one per 8-column
+//! half of B and C; operands come from workgroup memory through
+//! `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16`.
+//!
+//! Lane layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating
+//! point type"), with `g = lane / 4`, `t = lane % 4`:
+//! - A: registers `a0..a3` hold `(g, 2t..2t+1)`, `(g + 8, 2t..)`,
+//!   `(g, 2t + 8..)`, `(g + 8, 2t + 8..)`;
+//! - B (per 8-column half `h`): `b0 = B[2t..2t+1][8h + g]`,
+//!   `b1 = B[2t + 8..][8h + g]`;
+//! - C (per half `h`): `c0, c1 = C[g][8h + 2t..]`, `c2, c3 = C[g + 8][..]`.
+//!
+//! The C registers of the two halves are, in that order, exactly the A
+//! registers of the same 16x16 tile rounded to f16 (FlashAttention-2's
+//! register reuse), which is what [`Mma::to_a`] does.
+//!
+//! `ldmatrix.x4` loads four 8x8 matrices; lane `l` gives the address of row
+//! `l % 8` of matrix `l / 8` and receives, in register `j`, row `l / 4`,
+//! columns `2 (l % 4)..` of matrix `j` (`.trans`: rows `2 (l % 4)..` of
+//! column `l / 4`). The row addresses below pick the matrices so that the
+//! registers come out as the fragments above.
+use super::Mma;
+use crate::gpu::{imp, pack2, shfl_xor_f32, thread_id};
+
+/// NVIDIA's matrix unit for one warp (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub struct Warp32;
+
+#[inline(always)]
+fn lane() -> u32 {
+    thread_id() % 32
+}
+
+/// Address of the row lane `lane()` supplies to an `ldmatrix.x4` whose
+/// matrix `j` covers tile rows `8 * rows[j]..` and columns `8 * cols[j]..`
+/// (bit masks, not arrays: a lane-indexed array would live in local memory).
+#[inline(always)]
+fn row_addr(p: *const u16, stride: usize, rows: [u32; 4], cols: [u32; 4]) -> *const u16 {
+    let bits = |m: [u32; 4]| m[0] | (m[1] << 1) | (m[2] << 2) | (m[3] << 3);
+    let l = lane();
+    let j = l / 8;
+    let r = 8 * ((bits(rows) >> j) & 1) + l % 8;
+    let c = 8 * ((bits(cols) >> j) & 1);
+    p.wrapping_add(r as usize * stride + c as usize)
+}
+
+impl Mma for Warp32 {
+    const LANES: u32 = 32;
+    const ACC_LEN: usize = 8;
+    const ROWS: usize = 2;
+    /// `[a0, a1, a2, a3]`.
+    type A = [u32; 4];
+    /// `[b0, b1]` of columns 0..8, then of columns 8..16.
+    type B = [u32; 4];
+    /// `[c0..c3]` of columns 0..8, then of columns 8..16.
+    type Acc = [f32; 8];
+
+    #[inline(always)]
+    fn zero() -> [f32; 8] {
+        [0.0; 8]
+    }
+
+    #[inline(always)]
+    fn acc_row(e: usize) -> u32 {
+        lane() / 4 + 8 * ((e as u32 % 4) / 2)
+    }
+
+    #[inline(always)]
+    fn acc_col(e: usize) -> u32 {
+        8 * (e as u32 / 4) + 2 * (lane() % 4) + e as u32 % 2
+    }
+
+    #[inline(always)]
+    fn acc_slot(e: usize) -> usize {
+        (e % 4) / 2
+    }
+
+    #[inline(always)]
+    fn slot_row(r: usize) -> u32 {
+        lane() / 4 + 8 * r as u32
+    }
+
+    #[inline(always)]
+    fn row_max(v: f32) -> f32 {
+        // A row's elements are in the four lanes of a quad.
+        let v = v.max(shfl_xor_f32(v, 1));
+        v.max(shfl_xor_f32(v, 2))
+    }
+
+    #[inline(always)]
+    fn row_sum(v: f32) -> f32 {
+        let v = v + shfl_xor_f32(v, 1);
+        v + shfl_xor_f32(v, 2)
+    }
+
+    #[inline(always)]
+    unsafe fn load_a(p: *const u16, stride: usize) -> [u32; 4] {
+        // a0..a3: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (0-7, 8-15), (8-15, 8-15).
+        let a = row_addr(p, stride, [0, 1, 0, 1], [0, 0, 1, 1]);
+        // SAFETY: caller contract (16 readable, 16-byte aligned rows in
+        // workgroup memory); the whole warp calls this.
+        unsafe { imp::ldmatrix_x4(a) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_b_t(p: *const u16, stride: usize) -> [u32; 4] {
+        // The tile's row j is B's column j: b0 of half h is tile rows
+        // 8h.., columns (k) 0-7, non-transposed; b1 the same at k 8-15.
+        let a = row_addr(p, stride, [0, 0, 1, 1], [0, 1, 0, 1]);
+        // SAFETY: as for `load_a`.
+        unsafe { imp::ldmatrix_x4(a) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_b(p: *const u16, stride: usize) -> [u32; 4] {
+        // b0 of half h is tile rows (k) 0-7, columns 8h.., transposed; b1
+        // the same at k 8-15.
+        let a = row_addr(p, stride, [0, 1, 0, 1], [0, 0, 1, 1]);
+        // SAFETY: as for `load_a`.
+        unsafe { imp::ldmatrix_x4_trans(a) }
+    }
+
+    #[inline(always)]
+    fn mma(a: [u32; 4], b: [u32; 4], c: [f32; 8]) -> [f32; 8] {
+        let lo = imp::mma_m16n8k16(a, [b[0], b[1]], [c[0], c[1], c[2], c[3]]);
+        let hi = imp::mma_m16n8k16(a, [b[2], b[3]], [c[4], c[5], c[6], c[7]]);
+        [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+    }
+
+    #[inline(always)]
+    fn to_a(c: [f32; 8]) -> [u32; 4] {
+        [
+            pack2(c[0], c[1]),
+            pack2(c[2], c[3]),
+            pack2(c[4], c[5]),
+            pack2(c[6], c[7]),
+        ]
+    }
+}

@@ -1,0 +1,123 @@
+//! AMD CDNA2/CDNA3 wavefront (64 lanes): a 16x16x16 step is one
+//! `v_mfma_f32_16x16x16f16` (`v_mfma_f32_16x16x16_f16` on gfx942).
+//!
+//! Hardware lane layouts (AMD matrix instruction calculator, CDNA2 and
+//! CDNA3), with `q = lane / 16`: lane `l` holds `A[l % 16][4q..4q + 4]`,
+//! `B[4q..4q + 4][l % 16]` and `D[4q..4q + 4][l % 16]`: a lane holds one
+//! column of D, while it holds one row of A.
+//!
+//! The facade issues every step transposed: `mma(a, b, c)` executes the
+//! instruction with `b` as its A and `a` as its B, which computes
+//! `(A * B)^T` (the operand layouts are symmetric: the A registers of a
+//! matrix are the B registers of its transpose). So the facade's
+//! accumulator holds `C[l % 16][4q..4q + 4]`: one row per lane, laid out
+//! exactly like an A operand, and [`Mma::to_a`] is a conversion only
+//! (no lane exchange). Row reductions run over the four lanes `l % 16 + 16q`.
+//!
+//! Loads are plain reads (`ds_read_b64` for the two contiguous forms, four
+//! `ds_read_u16` for [`Mma::load_b`]).
+use super::Mma;
+use crate::gpu::{imp, pack2, shfl_xor_f32, thread_id};
+
+/// AMD's matrix unit for one wavefront (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub struct Wave64;
+
+#[inline(always)]
+fn lane() -> u32 {
+    thread_id() % 64
+}
+
+/// Four halves at `p` (8-byte aligned) as two registers.
+///
+/// # Safety
+/// `p` readable for 8 bytes and 8-byte aligned.
+#[inline(always)]
+unsafe fn read4(p: *const u16) -> [u32; 2] {
+    // SAFETY: caller contract.
+    unsafe { p.cast::<[u32; 2]>().read() }
+}
+
+impl Mma for Wave64 {
+    const LANES: u32 = 64;
+    const ACC_LEN: usize = 4;
+    const ROWS: usize = 1;
+    /// Halves `A[l % 16][4q..4q + 4]`.
+    type A = [u32; 2];
+    /// Halves `B[4q..4q + 4][l % 16]`.
+    type B = [u32; 2];
+    /// `C[l % 16][4q..4q + 4]` (see the module docs).
+    type Acc = [f32; 4];
+
+    #[inline(always)]
+    fn zero() -> [f32; 4] {
+        [0.0; 4]
+    }
+
+    #[inline(always)]
+    fn acc_row(_e: usize) -> u32 {
+        lane() % 16
+    }
+
+    #[inline(always)]
+    fn acc_col(e: usize) -> u32 {
+        4 * (lane() / 16) + e as u32
+    }
+
+    #[inline(always)]
+    fn acc_slot(_e: usize) -> usize {
+        0
+    }
+
+    #[inline(always)]
+    fn slot_row(_r: usize) -> u32 {
+        lane() % 16
+    }
+
+    #[inline(always)]
+    fn row_max(v: f32) -> f32 {
+        let v = v.max(shfl_xor_f32(v, 16));
+        v.max(shfl_xor_f32(v, 32))
+    }
+
+    #[inline(always)]
+    fn row_sum(v: f32) -> f32 {
+        let v = v + shfl_xor_f32(v, 16);
+        v + shfl_xor_f32(v, 32)
+    }
+
+    #[inline(always)]
+    unsafe fn load_a(p: *const u16, stride: usize) -> [u32; 2] {
+        let l = lane() as usize;
+        // SAFETY: row l % 16, halves 4q..4q + 4 of the tile (caller
+        // contract: readable, 16-byte aligned rows).
+        unsafe { read4(p.add((l % 16) * stride + 4 * (l / 16))) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_b_t(p: *const u16, stride: usize) -> [u32; 2] {
+        // B[4q + x][l % 16] = tile[l % 16][4q + x]: the same reads as A.
+        // SAFETY: as for `load_a`.
+        unsafe { Self::load_a(p, stride) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_b(p: *const u16, stride: usize) -> [u32; 2] {
+        let l = lane() as usize;
+        let (k, j) = (4 * (l / 16), l % 16);
+        // SAFETY: rows k..k + 4, column j of the tile (caller contract).
+        let h = |x: usize| u32::from(unsafe { p.add((k + x) * stride + j).read() });
+        [h(0) | (h(1) << 16), h(2) | (h(3) << 16)]
+    }
+
+    #[inline(always)]
+    fn mma(a: [u32; 2], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        // Transposed (module docs): hardware A = our B, hardware B = our A.
+        imp::mfma_16x16x16_f16(b, a, c)
+    }
+
+    #[inline(always)]
+    fn to_a(c: [f32; 4]) -> [u32; 2] {
+        [pack2(c[0], c[1]), pack2(c[2], c[3])]
+    }
+}

@@ -1,0 +1,398 @@
+//! Fused 3D window attention on the matrix units: for each window `w` and
+//! head `h`, `O = softmax(scale * Q K^T + mask[slot(w)] + bias[type(w), h]) V`
+//! over Pangu's 144-token windows, heads of 32.
+//!
+//! Input: the QKV Linear's output [windows * 144, 3C] f16 (per token
+//! `[q(C) | k(C) | v(C)]`, C = heads x 32 head-major, as
+//! [`super::qkv_split`] reads it), optionally plus an f16 QKV bias [3C]
+//! added first (`f16(x + b)`, rounded, as PyTorch's f16 Linear output).
+//! Output: [windows * 144, C] f16 in token order, head-major (what the
+//! output projection reads).
+//!
+//! Numerics, per (window, head), query row `i`, key `j`:
+//! - `s = sum_d q_d k_d`: f16 products, f32 accumulation by the matrix
+//!   unit (q is not pre-scaled or rounded);
+//! - `z = fma(s, scale, mask_ij) + bias_ij` in f32 (without a mask
+//!   `z = fma(s, scale, bias_ij)`): the mask first, as in
+//!   [`super::bias_mask_add`], and `s * scale + mask` rounded once;
+//! - `m = max_j z` (f32, exact);
+//! - `e = 2^(fma(z, log2 e, -(m * log2 e)))`, the hardware `exp2`
+//!   ([`gpu::exp2_approx`]), one FMA instead of a subtract and a multiply;
+//! - `sum = sum_j e` in f32 (unrounded `e`);
+//! - `p = f16(e)`: the unnormalised weights are rounded once to f16 for
+//!   `P V` on the matrix unit (f32 accumulation);
+//! - `out = f16(o * (1 / sum))`.
+//!
+//! So the result is within half an ulp of `out` plus `2^-11 sum_j p_j |v_j|`
+//! (the f16 rounding of `p`, as in PyTorch's unfused chain, whose softmax
+//! output is f16) plus the effect of the f32 scores' rounding; the host
+//! op (`wavefuse::ops::window_attention`) states the bound. A row whose
+//! `z` holds NaN or +inf, or only -inf, is NaN (as `torch.softmax`); the
+//! planner's masks (0 / -100) never mask a whole row.
+//!
+//! Layout: one workgroup of [`ATTN_WAVES`] waves per (window, head)
+//! (`block_id = window * heads + head`). The q, k and v tiles (144 x 32)
+//! are copied to workgroup memory in 16-byte pieces ([`gpu::copy_to_workgroup`]:
+//! `cp.async` on NVIDIA, so no registers hold them in flight), rows padded
+//! to [`ATTN_LDS_STRIDE`]. Each wave then takes the 16-row query strips
+//! `w, w + 3, w + 6`: the strip's 16 x 144 scores stay in registers as nine
+//! 16x16 accumulators; the strip's bias rows come from a per-wave buffer in
+//! workgroup memory, copied in 16-byte pieces while the previous strip
+//! finished (read straight from L2 in the accumulator layout, pairs of
+//! halves, they kept L2 at 71% of its throughput and the kernel 13%
+//! slower on the H200); the mask pairs are read straight from global
+//! memory; the row max and sum are reduced over the lanes of a row; the
+//! rounded weights are reused in registers as the left operand of `P V`
+//! ([`Mma::to_a`]). Nothing but q, k, v, the bias, the mask and the output
+//! touches memory outside the workgroup.
+//!
+//! On NVIDIA the entry points carry launch bounds (`cargo xtask kernels`
+//! writes `.maxntid 96` and `.minnctapersm 4` into the PTX): without them
+//! ptxas took 176 registers and 3 workgroups fit an SM.
+use crate::gpu::mma::{MAX_ROWS, MatrixKernel, Mma};
+use crate::gpu::{self, pack2, widen2};
+use crate::vec::{V8, load8_bits, store8_bits};
+use wavefuse_shared::geometry::{
+    ATTN_BIAS_STRIDE, ATTN_HEAD_DIM, ATTN_LDS_STRIDE, ATTN_T, ATTN_WAVES,
+};
+
+const T: usize = ATTN_T as usize;
+const D: usize = ATTN_HEAD_DIM as usize;
+const LS: usize = ATTN_LDS_STRIDE as usize;
+/// 16-row query strips (and 16-key tiles) per window.
+const STRIPS: usize = T / 16;
+/// 16-byte vectors of q, k and v per window and head.
+const VECS: usize = 3 * T * D / 8;
+/// Vectors per thread: 18 for three warps of 32 (9 of them used for three
+/// waves of 64).
+const PER_THREAD: usize = VECS / (ATTN_WAVES as usize * 32);
+const _: () = assert!(T.is_multiple_of(16) && VECS.is_multiple_of(ATTN_WAVES as usize * 32));
+const _: () = assert!(PER_THREAD == 18);
+
+/// The kernel's arguments (see [`window_attention`]).
+#[derive(Clone, Copy)]
+struct Args {
+    qkv: *const u16,
+    qkv_bias: *const u16,
+    out: *mut u16,
+    bias: *const u16,
+    mask: *const u16,
+    types: *const i32,
+    slots: *const i32,
+    heads: u32,
+    n_types: u32,
+    n_slots: u32,
+    scale: f32,
+}
+
+struct Attention<const MASK: bool>(Args);
+
+/// Copies the window's q, k and v rows of head `h` into workgroup memory
+/// (all loads issued before the stores), adding the QKV bias when `BIAS`.
+///
+/// # Safety
+/// As for [`window_attention`]; `lds` holds three 144-row tiles.
+// Index loops over register arrays unroll; iterators do not always.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn stage<const BIAS: bool>(a: &Args, lds: *mut u16, w: usize, h: usize) {
+    let ch = a.heads as usize * D;
+    let tid = gpu::thread_id() as usize;
+    let nthreads = (ATTN_WAVES * gpu::wave_size()) as usize;
+    // A constant on the GPU targets (18 or 9), so the unused slots of the
+    // wave64 build vanish at compile time.
+    let per = VECS / nthreads;
+    let mut v = [[0u32; 4]; PER_THREAD];
+    crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
+        let i = tid + j * nthreads;
+        if j < per {
+            // Item i: token row t, part (q, k, v), quarter c of the head row;
+            // consecutive items read consecutive 16 bytes of a row.
+            let (t, part, c) = (i / 12, (i % 12) / 4, i % 4);
+            let src = (w * T + t) * 3 * ch + part * ch + h * D + 8 * c;
+            // SAFETY: the row lies in qkv (caller); 16-byte aligned.
+            let x = unsafe { load8_bits(a.qkv.add(src)) };
+            // SAFETY: part * C + h * 32 + 8c < 3C; aligned (caller).
+            let b = if BIAS { unsafe { load8_bits(a.qkv_bias.add(part * ch + h * D + 8 * c)) } } else { V8([0; 4]) };
+            // Word by word (a whole-vector copy left the array in local
+            // memory on NVPTX).
+            for k in 0..4 {
+                v[j][k] = if BIAS { gpu::add_h2(x.0[k], b.0[k]) } else { x.0[k] };
+            }
+        }
+    });
+    crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
+        let i = tid + j * nthreads;
+        if j < per {
+            let (t, part, c) = (i / 12, (i % 12) / 4, i % 4);
+            // SAFETY: inside the three tiles; rows of 80 bytes keep the
+            // 16-byte alignment.
+            unsafe { store8_bits(lds.add((part * T + t) * LS + 8 * c), V8(v[j])) };
+        }
+    });
+}
+
+/// [`stage`] without a QKV bias: straight copies to workgroup memory
+/// (`cp.async` on NVIDIA: no registers hold the data in flight).
+///
+/// # Safety
+/// As for [`stage`].
+#[inline(always)]
+unsafe fn copy(a: &Args, lds: *mut u16, w: usize, h: usize) {
+    let ch = a.heads as usize * D;
+    let tid = gpu::thread_id() as usize;
+    let nthreads = (ATTN_WAVES * gpu::wave_size()) as usize;
+    let mut i = tid;
+    while i < VECS {
+        let (t, part, c) = (i / 12, (i % 12) / 4, i % 4);
+        // SAFETY: the row lies in qkv, the destination in the tiles; both
+        // 16-byte aligned (caller).
+        unsafe {
+            gpu::copy_to_workgroup(
+                lds.add((part * T + t) * LS + 8 * c),
+                a.qkv.add((w * T + t) * 3 * ch + part * ch + h * D + 8 * c),
+            )
+        };
+        i += nthreads;
+    }
+    gpu::copy_to_workgroup_wait();
+}
+
+const BS: usize = ATTN_BIAS_STRIDE as usize;
+
+/// Starts copying the bias rows of query strip `strip` to this wave's
+/// buffer `buf` (16 rows of 144 halves, 16-byte pieces spread over the wave).
+///
+/// # Safety
+/// `bp` the (type, head) bias tile, `buf` 16 x BS halves of workgroup memory.
+#[inline(always)]
+unsafe fn prefetch_bias(bp: *const u16, buf: *mut u16, strip: usize) {
+    let ws = gpu::wave_size() as usize;
+    let lane = gpu::thread_id() as usize % ws;
+    let mut c = lane;
+    while c < 16 * 18 {
+        let (r, q) = (c / 18, c % 18);
+        // SAFETY: row 16 strip + r < 144 of the tile; 16-byte pieces of
+        // 16-byte aligned rows (288 and 304 bytes long).
+        unsafe {
+            gpu::copy_to_workgroup(
+                buf.add(r * BS + 8 * q),
+                bp.add((16 * strip + r) * T + 8 * q),
+            )
+        };
+        c += ws;
+    }
+}
+
+impl<const MASK: bool> MatrixKernel for Attention<MASK> {
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    fn run<M: Mma>(self) {
+        let a = self.0;
+        let heads = crate::math::divisor(a.heads);
+        let tile = gpu::block_id();
+        let (w, h) = ((tile / heads) as usize, (tile % heads) as usize);
+        let lds = gpu::workgroup_mem::<u16>();
+        // SAFETY: one workgroup per (window, head) (caller).
+        unsafe {
+            if a.qkv_bias.is_null() {
+                copy(&a, lds, w, h)
+            } else {
+                stage::<true>(&a, lds, w, h)
+            }
+        };
+        // SAFETY: w < windows: the tables hold one entry per window.
+        let (ty, sl) = unsafe {
+            super::bias_mask_add::lookup::<MASK>(a.types, a.slots, w as u32, a.n_types, a.n_slots)
+        };
+        // SAFETY: `lookup` trapped on entries out of range.
+        let (bp, mp) = unsafe {
+            (
+                a.bias.add((ty as usize * a.heads as usize + h) * T * T),
+                a.mask.wrapping_add(sl as usize * T * T),
+            )
+        };
+        let wave = gpu::wave_uniform(gpu::thread_id() / gpu::wave_size()) as usize;
+        let buf = lds.wrapping_add(3 * T * LS + wave * 16 * BS);
+        // SAFETY: the wave's buffer; its first strip.
+        unsafe { prefetch_bias(bp, buf, wave) };
+        gpu::barrier();
+        let (lq, lk, lv) = (lds, lds.wrapping_add(T * LS), lds.wrapping_add(2 * T * LS));
+        let ch = a.heads as usize * D;
+        let mut strip = wave;
+        while strip < STRIPS {
+            let r0 = 16 * strip;
+            // The strip's bias rows, fetched during the previous strip.
+            gpu::copy_to_workgroup_wait();
+            gpu::wave_barrier();
+            // SAFETY: every tile read below lies in the staged q, k, v
+            // (16-byte aligned rows of LS halves in workgroup memory).
+            let (q0, q1) = unsafe {
+                (
+                    M::load_a(lq.add(r0 * LS), LS),
+                    M::load_a(lq.add(r0 * LS + 16), LS),
+                )
+            };
+            // Per 16-key tile: the scores, then z in place, and the max of
+            // each of the lane's rows.
+            let mut s = [M::zero(); STRIPS];
+            let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
+            crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                // SAFETY: as above.
+                let (k0, k1) = unsafe {
+                    let p = lk.add(16 * n * LS);
+                    (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS))
+                };
+                s[n] = M::mma(q1, k1, M::mma(q0, k0, M::zero()));
+                let acc = s[n].as_mut();
+                let mut e = 0;
+                while e < M::ACC_LEN {
+                    let i = r0 + M::acc_row(e) as usize;
+                    let j = 16 * n + M::acc_col(e) as usize;
+                    // SAFETY: (i, j) and (i, j + 1) lie in the buffered bias
+                    // strip and the mask tile; j is even, so the pairs are
+                    // 4-byte aligned.
+                    let (bb, mb) = unsafe {
+                        (
+                            buf.add((i - r0) * BS + j).cast::<u32>().read(),
+                            if MASK { mp.add(i * T + j).cast::<u32>().read() } else { 0 },
+                        )
+                    };
+                    let (b, m) = (widen2(bb), widen2(mb));
+                    for x in 0..2 {
+                        let z = if MASK {
+                            gpu::fma(acc[e + x], a.scale, m[x]) + b[x]
+                        } else {
+                            gpu::fma(acc[e + x], a.scale, b[x])
+                        };
+                        acc[e + x] = z;
+                        let r = M::acc_slot(e);
+                        mx[r] = mx[r].max(z);
+                    }
+                    e += 2;
+                }
+            });
+            // Every lane is done with the buffer: fetch the wave's next
+            // strip while this one finishes.
+            gpu::wave_barrier();
+            if strip + (ATTN_WAVES as usize) < STRIPS {
+                // SAFETY: as for the first strip.
+                unsafe { prefetch_bias(bp, buf, strip + ATTN_WAVES as usize) };
+            }
+            let mut neg_ml = [0.0f32; MAX_ROWS];
+            for r in 0..M::ROWS {
+                neg_ml[r] = -(M::row_max(mx[r]) * core::f32::consts::LOG2_E);
+            }
+            let mut sum = [0.0f32; MAX_ROWS];
+            let mut p = [M::to_a(M::zero()); STRIPS];
+            crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                let acc = s[n].as_mut();
+                for e in 0..M::ACC_LEN {
+                    let r = M::acc_slot(e);
+                    let x = gpu::exp2_approx(gpu::fma(acc[e], core::f32::consts::LOG2_E, neg_ml[r]));
+                    acc[e] = x;
+                    sum[r] += x;
+                }
+                p[n] = M::to_a(s[n]);
+            });
+            let mut inv = [0.0f32; MAX_ROWS];
+            for r in 0..M::ROWS {
+                inv[r] = 1.0 / M::row_sum(sum[r]);
+            }
+            // Keeps the v reads here: hoisted above the softmax, they raised
+            // the register peak past gfx90a's 128 VGPRs (and spilled).
+            gpu::sched_barrier();
+            let (mut o0, mut o1) = (M::zero(), M::zero());
+            crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+                // SAFETY: as for the k tiles.
+                let (v0, v1) = unsafe {
+                    let p = lv.add(16 * n * LS);
+                    (M::load_b(p, LS), M::load_b(p.add(16), LS))
+                };
+                o0 = M::mma(p[n], v0, o0);
+                o1 = M::mma(p[n], v1, o1);
+                // One tile's v reads at a time on AMD: gfx908 budgets 64
+                // VGPRs (its MFMA results live in AGPRs), and all nine
+                // tiles' reads hoisted together spilled there.
+                gpu::sched_barrier();
+            });
+            for (half, o) in [o0, o1].iter().enumerate() {
+                let o = o.as_ref();
+                let mut e = 0;
+                while e < M::ACC_LEN {
+                    let i = r0 + M::acc_row(e) as usize;
+                    let d = 16 * half + M::acc_col(e) as usize;
+                    let r = M::acc_slot(e);
+                    let pair = pack2(o[e] * inv[r], o[e + 1] * inv[r]);
+                    // SAFETY: token (w, i), channel h * 32 + d of the output
+                    // (caller); d even, so 4-byte aligned.
+                    unsafe {
+                        a.out
+                            .add((w * T + i) * ch + h * D + d)
+                            .cast::<u32>()
+                            .write(pair)
+                    };
+                    e += 2;
+                }
+            }
+            strip += ATTN_WAVES as usize;
+        }
+    }
+}
+
+/// One workgroup per (window, head).
+///
+/// # Safety
+/// `qkv` valid for `windows * 144 * 3 * heads * 32` halves and `out` for a
+/// third of that, `qkv_bias` null or valid for `3 * heads * 32`, `bias`
+/// for `n_types * heads * 144 * 144`, `mask` for `n_slots * 144 * 144`
+/// when `MASK`, `types` (and `slots`) for `windows` entries, all 16-byte
+/// aligned; `heads >= 1`; launched with `windows * heads` workgroups of
+/// [`ATTN_WAVES`] waves and
+/// [`ATTN_SHARED_BYTES`](wavefuse_shared::geometry::ATTN_SHARED_BYTES) of
+/// workgroup memory.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn window_attention<const MASK: bool>(
+    qkv: *const u16,
+    qkv_bias: *const u16,
+    out: *mut u16,
+    bias: *const u16,
+    mask: *const u16,
+    types: *const i32,
+    slots: *const i32,
+    heads: u32,
+    n_types: u32,
+    n_slots: u32,
+    scale: f32,
+) {
+    gpu::mma::run(Attention::<MASK>(Args {
+        qkv,
+        qkv_bias,
+        out,
+        bias,
+        mask,
+        types,
+        slots,
+        heads,
+        n_types,
+        n_slots,
+        scale,
+    }))
+}
+
+kernel! {
+    /// Window attention with the earth bias (no mask).
+    pub fn wf_window_attention_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, mask: *const u16, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32) {
+        // SAFETY: extents, alignment and tables checked by the host API.
+        unsafe { window_attention::<false>(qkv, qkv_bias, out, bias, mask, types, slots, heads, n_types, n_slots, scale) }
+    }
+}
+
+kernel! {
+    /// Window attention with the earth bias and the shifted-window mask.
+    pub fn wf_window_attention_mask_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, mask: *const u16, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32) {
+        // SAFETY: extents, alignment and tables checked by the host API.
+        unsafe { window_attention::<true>(qkv, qkv_bias, out, bias, mask, types, slots, heads, n_types, n_slots, scale) }
+    }
+}

@@ -1,0 +1,243 @@
+//! Fused 3D window attention (Pangu / Swin): from the QKV Linear's output
+//! to the attention output in token order, in one launch, on the matrix
+//! units (NVIDIA `mma.sync`, AMD MFMA; the emulator runs both layouts).
+//!
+//! Per window `w` (144 tokens) and head `h` (32 channels):
+//! `out = softmax(scale * q k^T + mask[slot(w)] + bias[type(w), h]) v`.
+//!
+//! Shapes: `qkv` [windows * 144, 3C] f16, per token `[q(C) | k(C) | v(C)]`
+//! with C = heads x 32 head-major (PyTorch's
+//! `qkv.reshape(B_, 144, 3, heads, 32)`); optional `qkv_bias` [3C] f16;
+//! the earth-specific bias, its window -> type table and the optional
+//! shift mask with its window -> slot table exactly as for
+//! [`crate::bias_mask_softmax`] ([`AttnBias`]); `out` [windows * 144, C]
+//! f16, token-major, head-major within a token (`(attn @ v).transpose(1,
+//! 2).reshape(B_, 144, C)`: what the output projection reads).
+//!
+//! Rounding contract (per query row `i`, key `j`):
+//! - with `qkv_bias`, q, k and v are first rounded `f16(x + b)` (as
+//!   PyTorch's f16 Linear output with bias);
+//! - `s = q . k` in f32 on the matrix unit (f16 products, f32
+//!   accumulation in the hardware's order); q is not pre-scaled;
+//! - `z = fma(s, scale, mask) + bias` in f32 (`fma(s, scale, bias)`
+//!   without a mask): the mask before the bias, as [`crate::bias_mask_add`];
+//! - `m = max z`, `e = exp(z - m)` (the hardware `exp2` of
+//!   `fma(z, log2 e, -m log2 e)`), `sum = sum e` in f32;
+//! - `p = f16(e)` (the unnormalised weights rounded once; PyTorch's
+//!   unfused chain rounds the normalised probabilities to f16 too), then
+//!   `o = p . v` in f32 on the matrix unit and `out = f16(o * (1 / sum))`.
+//!
+//! Error bound against the exact (f64) attention of the same inputs,
+//! per output channel, checked by `tests/window_attention.rs` on every
+//! backend:
+//!
+//! ```text
+//! |out - exact| <= ulp(exact) / 2 + ulp(M) + sum_j p_j |v_j| dz_j + M dz_max
+//!                  + 2^-24 sum_j |v_j| / sum_j e_j
+//! ```
+//!
+//! where `ulp` is the f16 ulp, `p` the exact probabilities,
+//! `M = sum_j p_j |v_j|` (the rounding of `p` to f16 moves the weighted sum
+//! by up to `2^-11 M < ulp(M)`, as in PyTorch's unfused chain),
+//! `dz_j = 2^-17 scale sum_d |q_d k_jd| + 2^-22 (|mask_j| + |bias_j| + |z_j|)`
+//! (the f32 scores: the matrix unit's accumulation, then the roundings of
+//! `z`; an exponential moves by its argument's absolute error), `dz_max`
+//! the same for the row's maximum plus `2^-22 |max|`, and the last term
+//! the f16 underflow of tiny weights. A row whose scores hold NaN or +inf,
+//! or are all -inf, is NaN (as `torch.softmax`); with the planner's masks
+//! (0 / -100) no row is fully masked.
+//!
+//! Measured on the H200 (BENCHMARKS.md): against this bound the kernel's
+//! worst element was 0.46 of it, SDPA's 0.42 and PyTorch's unfused f16
+//! chain's 2.2 (it rounds `q * scale`, the scores and the sums to f16).
+use super::Check;
+use super::bias_mask_add::AttnBias;
+use crate::backend::Launch;
+use crate::buffer::{Span, View, ViewMut};
+use crate::device::AsStream;
+use crate::registry::{In, launch};
+use crate::{Error, Result};
+use half::f16;
+use wavefuse_shared::geometry::{ATTN_HEAD_DIM, ATTN_SHARED_BYTES, ATTN_T, ATTN_WAVES};
+
+/// Head dimensions with a kernel.
+pub const ATTN_HEAD_DIMS: [usize; 1] = [ATTN_HEAD_DIM as usize];
+/// Tokens per window with a kernel.
+pub const ATTN_TOKENS: [usize; 1] = [ATTN_T as usize];
+
+/// Shape and scale of a window attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowAttention {
+    /// Attention heads (C = heads * head_dim).
+    pub heads: usize,
+    /// Channels per head; only 32 has a kernel.
+    pub head_dim: usize,
+    /// Tokens per window; only 144 (2 x 6 x 12) has a kernel.
+    pub tokens_per_window: usize,
+    /// Factor on `q . k` (default `head_dim^-0.5`, rounded to f32).
+    pub scale: f32,
+}
+
+impl WindowAttention {
+    /// `heads` heads of 32, 144 tokens per window, `scale = 1/sqrt(32)`.
+    pub fn new(heads: usize) -> WindowAttention {
+        WindowAttention {
+            heads,
+            head_dim: ATTN_HEAD_DIM as usize,
+            tokens_per_window: ATTN_T as usize,
+            scale: (1.0 / 32f64.sqrt()) as f32,
+        }
+    }
+}
+
+/// `out = attention(qkv)` for every window and head (see the module docs).
+/// The number of windows is `ab.ty.len()`; none (empty tables, `qkv` and
+/// `out`) is a no-op.
+///
+/// Errors, all before any launch: `head_dim != 32` or
+/// `tokens_per_window != 144` ([`Error::UnsupportedWidth`]); `heads == 0`
+/// or too large, or a non-finite `scale` ([`Error::BadParameter`]); `qkv`,
+/// `out`, `qkv_bias`, the bias or the mask
+/// of a length that disagrees with the windows, heads, types or slots
+/// ([`Error::LengthMismatch`]); misaligned buffers
+/// ([`Error::Misaligned`]); buffers of another device
+/// ([`Error::WrongDevice`]); `out` overlapping an input
+/// ([`Error::Aliasing`]); more workgroups than one launch takes
+/// ([`Error::TooLarge`]).
+pub fn window_attention(
+    q: &impl AsStream,
+    qkv: &View<'_, f16>,
+    qkv_bias: Option<&View<'_, f16>>,
+    ab: &AttnBias<'_>,
+    out: &mut ViewMut<'_, f16>,
+    p: &WindowAttention,
+) -> Result<()> {
+    let c = Check {
+        q: q.as_stream(),
+        op: "window_attention",
+    };
+    if p.head_dim != ATTN_HEAD_DIM as usize {
+        return Err(Error::UnsupportedWidth {
+            op: c.op,
+            width: p.head_dim,
+            supported: &ATTN_HEAD_DIMS,
+        });
+    }
+    if p.tokens_per_window != ATTN_T as usize {
+        return Err(Error::UnsupportedWidth {
+            op: c.op,
+            width: p.tokens_per_window,
+            supported: &ATTN_TOKENS,
+        });
+    }
+    // heads * 144 * 144 (a bias tile of all heads) must fit the kernel's
+    // u32 head count; far above any model.
+    if p.heads == 0 || p.heads > (u32::MAX / (ATTN_T * ATTN_T)) as usize {
+        return Err(Error::BadParameter {
+            op: c.op,
+            what: "heads",
+            value: p.heads.to_string(),
+            why: "must be in 1..=u32::MAX / 144^2",
+        });
+    }
+    if !p.scale.is_finite() {
+        return Err(Error::BadParameter {
+            op: c.op,
+            what: "scale",
+            value: p.scale.to_string(),
+            why: "must be finite",
+        });
+    }
+    let (t, heads) = (ATTN_T as usize, p.heads);
+    let ch = heads * ATTN_HEAD_DIM as usize;
+    let windows = ab.ty.len();
+    let xs = Span::from(qkv);
+    let os = Span::from(&*out);
+    let bias = Span::from(ab.bias);
+    let ty = Span::from(&ab.ty.table());
+    for (s, n) in [(&xs, "qkv"), (&os, "out"), (&bias, "bias"), (&ty, "ty")] {
+        c.same_device(s, n)?;
+    }
+    let overflow = |what| Error::BadParameter {
+        op: c.op,
+        what,
+        value: format!("{windows} windows x {heads} heads"),
+        why: "size overflows",
+    };
+    let tokens = windows.checked_mul(t).ok_or_else(|| overflow("qkv"))?;
+    let qkv_len = tokens.checked_mul(3 * ch).ok_or_else(|| overflow("qkv"))?;
+    c.len(&xs, "qkv", qkv_len)?;
+    c.len(&os, "out", qkv_len / 3)?;
+    c.len(
+        &bias,
+        "bias",
+        ab.ty.bound().saturating_mul(heads).saturating_mul(t * t),
+    )?;
+    for (s, n) in [(&xs, "qkv"), (&os, "out"), (&bias, "bias")] {
+        c.aligned(s, n)?;
+    }
+    c.disjoint(&os, "out", &xs, "qkv")?;
+    c.disjoint(&os, "out", &bias, "bias")?;
+    c.disjoint(&os, "out", &ty, "ty")?;
+    let qkv_bias_arg = match qkv_bias {
+        Some(b) => {
+            let bs = Span::from(b);
+            c.same_device(&bs, "qkv_bias")?;
+            c.len(&bs, "qkv_bias", 3 * ch)?;
+            c.aligned(&bs, "qkv_bias")?;
+            c.disjoint(&os, "out", &bs, "qkv_bias")?;
+            b.arg()
+        }
+        None => In::null(),
+    };
+    let (mask, slot, n_slots) = match ab.mask {
+        Some(m) => {
+            let (ms, ss) = (Span::from(m.mask), Span::from(&m.slot.table()));
+            c.same_device(&ms, "mask")?;
+            c.same_device(&ss, "slot")?;
+            c.len(&ss, "slot", windows)?;
+            c.len(&ms, "mask", m.slot.bound().saturating_mul(t * t))?;
+            c.aligned(&ms, "mask")?;
+            c.disjoint(&os, "out", &ms, "mask")?;
+            c.disjoint(&os, "out", &ss, "slot")?;
+            (m.mask.arg(), m.slot.table().arg(), m.slot.bound() as u32)
+        }
+        None => (In::null(), In::null(), 0),
+    };
+    if windows == 0 {
+        return Ok(());
+    }
+    let block = ATTN_WAVES * c.q.info().wave;
+    let tiles = windows.checked_mul(heads).ok_or_else(|| overflow("qkv"))?;
+    let grid = c.grid(tiles, tiles, block)?;
+    let l = Launch {
+        grid: (grid, 1),
+        block,
+        shared_bytes: ATTN_SHARED_BYTES,
+    };
+    let kernel = if ab.mask.is_some() {
+        launch::wf_window_attention_mask_144
+    } else {
+        launch::wf_window_attention_144
+    };
+    // SAFETY: lengths, tables (validated at construction), alignment,
+    // devices and aliasing checked above; the workgroup memory and block
+    // size are the kernel's (wavefuse_shared::geometry).
+    unsafe {
+        kernel(
+            c.q,
+            l,
+            qkv.arg(),
+            qkv_bias_arg,
+            out.arg(),
+            ab.bias.arg(),
+            mask,
+            ab.ty.table().arg(),
+            slot,
+            heads as u32,
+            ab.ty.bound() as u32,
+            n_slots,
+            p.scale,
+        )
+    }
+}

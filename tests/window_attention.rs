@@ -1,0 +1,573 @@
+//! Fused window attention through the public API on every backend present
+//! (the emulator in wave32 runs NVIDIA's mma fragments, in wave64 AMD's
+//! MFMA fragments; CUDA the tensor cores).
+//!
+//! Oracle: `oracle::attention_row`, the exact attention in f64 of the
+//! inputs as the kernel sees them (q, k, v rounded `f16(x + b)` when a QKV
+//! bias is given; mask and bias as f16), held to the contract's bound
+//! (about half an ulp of the output plus an ulp of `M = sum_j p_j |v_j|`,
+//! plus terms for the f32 scores; see `wavefuse::ops::window_attention`).
+//! Broken kernels this suite was seen to reject (each swapped in once, in
+//! the emulator): a bias row off by one, the bias buffer fetched for the
+//! wrong strip or overwritten before every lane read it (wave barrier
+//! removed), the mask or the scale or the QKV bias ignored, the
+//! normalisation off by a factor `1 + 2^-10`, the last query strip
+//! skipped, one row's max used for both rows of an NVIDIA fragment. Not
+//! caught here: the wave barrier between the copy wait and the buffer
+//! reads (the emulator's copies are synchronous); that is racecheck's. Rows with NaN / +inf scores or only
+//! -inf must be NaN. Outputs are poisoned before every launch.
+mod common;
+
+use common::{POISON, Rng, cpu, devices, oracle};
+use half::f16;
+use proptest::prelude::*;
+use wavefuse::{
+    AttnBias, AttnMask, Choice, Device, Error, Wave, WindowAttention, WindowTable, window_attention,
+};
+
+const T: usize = 144;
+const D: usize = 32;
+
+struct Case {
+    windows: usize,
+    p: WindowAttention,
+    qkv: Vec<f16>,
+    qkv_bias: Option<Vec<f16>>,
+    bias: Vec<f16>,
+    ty: Vec<i32>,
+    n_types: usize,
+    mask: Option<(Vec<f16>, Vec<i32>, usize)>,
+}
+
+/// `special`: 0 none; 1 fully masked (-inf) rows, single-key rows, random
+/// -inf and a NaN / +inf in the bias; 2 large scores.
+#[allow(clippy::too_many_arguments)]
+fn make_case(
+    seed: u64,
+    windows: usize,
+    heads: usize,
+    n_types: usize,
+    slots: Option<usize>,
+    sigma: f64,
+    with_qkv_bias: bool,
+    special: u8,
+) -> Case {
+    let mut rng = Rng(seed);
+    let ch = heads * D;
+    let mut qkv = rng.halves(windows * T * 3 * ch, sigma, 0.0);
+    if special == 2 {
+        for x in qkv.iter_mut() {
+            if rng.below(50) == 0 {
+                *x = f16::from_f64(40.0 * (rng.unit() - 0.5));
+            }
+        }
+    }
+    let qkv_bias = with_qkv_bias.then(|| rng.halves(3 * ch, 0.5, 0.0));
+    let mut bias = rng.halves(n_types * heads * T * T, 1.0, 0.0);
+    let ty = (0..windows)
+        .map(|_| rng.below(n_types as u64) as i32)
+        .collect();
+    let mask = slots.map(|n| {
+        let mut m: Vec<f16> = (0..n * T * T)
+            .map(|_| {
+                if rng.below(3) == 0 {
+                    f16::from_f32(-100.0)
+                } else {
+                    f16::ZERO
+                }
+            })
+            .collect();
+        if special == 1 {
+            for row in m.chunks_mut(T) {
+                match rng.below(10) {
+                    0 => row.fill(f16::NEG_INFINITY),
+                    1 => {
+                        row.fill(f16::NEG_INFINITY);
+                        row[rng.below(T as u64) as usize] = f16::ZERO;
+                    }
+                    2 => {
+                        for x in row.iter_mut() {
+                            if rng.below(2) == 0 {
+                                *x = f16::NEG_INFINITY;
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let sl = (0..windows).map(|_| rng.below(n as u64) as i32).collect();
+        (m, sl, n)
+    });
+    if special == 1 {
+        for row in bias.chunks_mut(T) {
+            match rng.below(40) {
+                0 => row[rng.below(T as u64) as usize] = f16::NAN,
+                1 => row[rng.below(T as u64) as usize] = f16::INFINITY,
+                _ => {}
+            }
+        }
+    }
+    Case {
+        windows,
+        p: WindowAttention::new(heads),
+        qkv,
+        qkv_bias,
+        bias,
+        ty,
+        n_types,
+        mask,
+    }
+}
+
+fn run(dev: &Device, c: &Case) -> Result<Vec<f16>, String> {
+    let e = |e: Error| e.to_string();
+    let x = dev.upload(&c.qkv).map_err(e)?;
+    let qb = c
+        .qkv_bias
+        .as_ref()
+        .map(|b| dev.upload(b))
+        .transpose()
+        .map_err(e)?;
+    let bd = dev.upload(&c.bias).map_err(e)?;
+    let ty = WindowTable::new(dev, &c.ty, c.n_types).map_err(e)?;
+    let (md, sl) = match &c.mask {
+        Some((m, sl, n)) => (
+            Some(dev.upload(m).map_err(e)?),
+            Some(WindowTable::new(dev, sl, *n).map_err(e)?),
+        ),
+        None => (None, None),
+    };
+    let (bv, mv, qbv) = (
+        bd.view(),
+        md.as_ref().map(|m| m.view()),
+        qb.as_ref().map(|b| b.view()),
+    );
+    let mask = match (&mv, &sl) {
+        (Some(mask), Some(slot)) => Some(AttnMask { mask, slot }),
+        _ => None,
+    };
+    let ab = AttnBias {
+        bias: &bv,
+        ty: &ty,
+        mask,
+    };
+    let mut out = dev.upload(&vec![POISON; c.qkv.len() / 3]).map_err(e)?;
+    window_attention(dev, &x.view(), qbv.as_ref(), &ab, &mut out.view_mut(), &c.p).map_err(e)?;
+    out.download().map_err(e)
+}
+
+/// q, k, v of (window, head) as the kernel sees them (bias added, rounded).
+fn qkv_of(c: &Case, w: usize, h: usize) -> [Vec<Vec<f64>>; 3] {
+    let ch = c.p.heads * D;
+    [0, 1, 2].map(|part| {
+        (0..T)
+            .map(|t| {
+                (0..D)
+                    .map(|d| {
+                        let i = part * ch + h * D + d;
+                        let x = c.qkv[(w * T + t) * 3 * ch + i];
+                        match &c.qkv_bias {
+                            Some(b) => f16::from_f32(x.to_f32() + b[i].to_f32()).to_f64(),
+                            None => x.to_f64(),
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    })
+}
+
+/// Checks every output element; returns the worst error in units of the
+/// allowed error.
+fn check(dev: &Device, c: &Case) -> Result<f64, String> {
+    let out = run(dev, c)?;
+    let (heads, ch) = (c.p.heads, c.p.heads * D);
+    let mut worst = 0.0f64;
+    for w in 0..c.windows {
+        for h in 0..heads {
+            let [q, k, v] = qkv_of(c, w, h);
+            let ty = c.ty[w] as usize;
+            for i in 0..T {
+                let bias: Vec<f64> = (0..T)
+                    .map(|j| c.bias[((ty * heads + h) * T + i) * T + j].to_f64())
+                    .collect();
+                let mask: Vec<f64> = (0..T)
+                    .map(|j| {
+                        c.mask.as_ref().map_or(0.0, |(m, sl, _)| {
+                            m[(sl[w] as usize * T + i) * T + j].to_f64()
+                        })
+                    })
+                    .collect();
+                let want = oracle::attention_row(&q[i], &k, &v, c.p.scale as f64, &mask, &bias);
+                for d in 0..D {
+                    let got = out[(w * T + i) * ch + h * D + d];
+                    let at = format!("{} window {w} head {h} row {i} ch {d}", dev.info().name);
+                    match &want {
+                        None => {
+                            if !got.is_nan() {
+                                return Err(format!("{at}: want NaN, got {got}"));
+                            }
+                        }
+                        Some(r) => {
+                            if got.to_bits() == POISON.to_bits() {
+                                return Err(format!("{at}: not written"));
+                            }
+                            let err = (got.to_f64() - r.out[d]).abs() / r.tol[d];
+                            if err.is_nan() || err > 1.0 {
+                                return Err(format!(
+                                    "{at}: got {got} want {:e} (error {:.3} of the bound {:e})",
+                                    r.out[d], err, r.tol[d]
+                                ));
+                            }
+                            worst = worst.max(err);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(worst)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, .. ProptestConfig::default() })]
+
+    #[test]
+    fn matches_f64_oracle(
+        seed in any::<u64>(),
+        windows in 1usize..3,
+        heads in prop_oneof![Just(1usize), Just(2), Just(3)],
+        n_types in 1usize..3,
+        slots in prop_oneof![Just(None), (1usize..3).prop_map(Some)],
+        log_sigma in -0.7f64..0.5,
+        with_qkv_bias in any::<bool>(),
+        special in 0u8..3,
+    ) {
+        let c = make_case(seed, windows, heads, n_types, slots, 10f64.powf(log_sigma), with_qkv_bias, special);
+        for dev in devices() {
+            let r = check(&dev, &c);
+            prop_assert!(r.is_ok(), "{}", r.err().unwrap_or_default());
+        }
+    }
+}
+
+#[test]
+fn pangu_heads_6_and_12() {
+    for (heads, seed) in [(6, 31), (12, 32)] {
+        let c = make_case(seed, 2, heads, 3, Some(2), 1.0, true, 0);
+        for dev in devices() {
+            let w = check(&dev, &c).unwrap_or_else(|e| panic!("{e}"));
+            eprintln!(
+                "{} {heads} heads: worst {w:.3} of the bound",
+                dev.info().name
+            );
+        }
+    }
+}
+
+#[test]
+fn pangu_mask_values_without_special_rows() {
+    // The planner's masks (0 / -100, every row keeping its own region):
+    // no NaN anywhere, and the bound holds at Pangu's magnitudes.
+    let c = make_case(33, 3, 2, 2, Some(3), 1.5, false, 0);
+    for dev in devices() {
+        let out = run(&dev, &c).expect("launch");
+        assert!(out.iter().all(|v| v.is_finite()), "{}", dev.info().name);
+        check(&dev, &c).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
+fn fully_masked_rows_are_nan_like_torch() {
+    let mut c = make_case(34, 1, 1, 1, Some(1), 1.0, false, 0);
+    if let Some((m, _, _)) = c.mask.as_mut() {
+        m[..T * 5].fill(f16::NEG_INFINITY); // rows 0..5 of the slot
+    }
+    for dev in devices() {
+        let out = run(&dev, &c).expect("launch");
+        for (t, row) in out.chunks(D).enumerate() {
+            assert_eq!(
+                row.iter().all(|v| v.is_nan()),
+                t < 5,
+                "{} token {t}",
+                dev.info().name
+            );
+        }
+    }
+}
+
+// ---- one test per bad input: each is rejected before any launch ----
+
+/// A valid one-window, one-head setup on `d`, then `f` with its parts.
+fn with_setup(
+    d: &Device,
+    f: impl FnOnce(&wavefuse::DeviceBuffer<f16>, &AttnBias<'_>, &mut wavefuse::DeviceBuffer<f16>),
+) {
+    let x = d.upload(&vec![f16::ONE; T * 3 * D]).expect("upload");
+    let b = d.upload(&vec![f16::ZERO; T * T]).expect("upload");
+    let t = WindowTable::new(d, &[0], 1).expect("table");
+    let mut o = d.alloc::<f16>(T * D).expect("alloc");
+    let bv = b.view();
+    let ab = AttnBias {
+        bias: &bv,
+        ty: &t,
+        mask: None,
+    };
+    f(&x, &ab, &mut o);
+}
+
+fn reject(p: WindowAttention, want: impl Fn(&Error) -> bool) {
+    let d = cpu();
+    with_setup(&d, |x, ab, o| {
+        let e = window_attention(&d, &x.view(), None, ab, &mut o.view_mut(), &p);
+        assert!(e.as_ref().err().is_some_and(&want), "{e:?}");
+    });
+}
+
+#[test]
+fn rejects_head_dim_other_than_32() {
+    let mut p = WindowAttention::new(1);
+    p.head_dim = 64;
+    reject(p, |e| {
+        matches!(e, Error::UnsupportedWidth { width: 64, .. })
+    });
+}
+
+#[test]
+fn rejects_tokens_other_than_144() {
+    let mut p = WindowAttention::new(1);
+    p.tokens_per_window = 98;
+    reject(p, |e| {
+        matches!(e, Error::UnsupportedWidth { width: 98, .. })
+    });
+}
+
+#[test]
+fn rejects_zero_heads_and_non_finite_scale() {
+    reject(WindowAttention::new(0), |e| {
+        matches!(e, Error::BadParameter { what: "heads", .. })
+    });
+    let mut p = WindowAttention::new(1);
+    p.scale = f32::NAN;
+    reject(p, |e| {
+        matches!(e, Error::BadParameter { what: "scale", .. })
+    });
+}
+
+#[test]
+fn rejects_heads_disagreeing_with_the_lengths() {
+    reject(WindowAttention::new(2), |e| {
+        matches!(e, Error::LengthMismatch { what: "qkv", .. })
+    });
+}
+
+#[test]
+fn rejects_empty_qkv_for_a_window() {
+    let d = cpu();
+    let x = d.alloc::<f16>(0).expect("alloc");
+    with_setup(&d, |_, ab, o| {
+        let e = window_attention(
+            &d,
+            &x.view(),
+            None,
+            ab,
+            &mut o.view_mut(),
+            &WindowAttention::new(1),
+        );
+        assert!(
+            matches!(e, Err(Error::LengthMismatch { what: "qkv", .. })),
+            "{e:?}"
+        );
+    });
+}
+
+#[test]
+fn no_windows_is_a_no_op() {
+    for dev in devices() {
+        let x = dev.alloc::<f16>(0).expect("alloc");
+        let mut o = dev.alloc::<f16>(0).expect("alloc");
+        let b = dev.upload(&vec![f16::ZERO; T * T]).expect("upload");
+        let m = dev.upload(&vec![f16::ZERO; T * T]).expect("upload");
+        let (t, sl) = (
+            WindowTable::new(&dev, &[], 1).expect("empty table"),
+            WindowTable::new(&dev, &[], 1).expect("empty table"),
+        );
+        let (bv, mv) = (b.view(), m.view());
+        for mask in [
+            None,
+            Some(AttnMask {
+                mask: &mv,
+                slot: &sl,
+            }),
+        ] {
+            let ab = AttnBias {
+                bias: &bv,
+                ty: &t,
+                mask,
+            };
+            window_attention(
+                &dev,
+                &x.view(),
+                None,
+                &ab,
+                &mut o.view_mut(),
+                &WindowAttention::new(1),
+            )
+            .expect("no-op");
+        }
+    }
+}
+
+#[test]
+fn rejects_output_of_the_wrong_length() {
+    let d = cpu();
+    let mut o = d.alloc::<f16>(T * D - 8).expect("alloc");
+    with_setup(&d, |x, ab, _| {
+        let e = window_attention(
+            &d,
+            &x.view(),
+            None,
+            ab,
+            &mut o.view_mut(),
+            &WindowAttention::new(1),
+        );
+        assert!(
+            matches!(e, Err(Error::LengthMismatch { what: "out", .. })),
+            "{e:?}"
+        );
+    });
+}
+
+#[test]
+fn rejects_qkv_bias_and_bias_and_mask_of_the_wrong_length() {
+    let d = cpu();
+    let qb = d.upload(&[f16::ZERO; 3 * D - 8]).expect("upload");
+    with_setup(&d, |x, ab, o| {
+        let e = window_attention(
+            &d,
+            &x.view(),
+            Some(&qb.view()),
+            ab,
+            &mut o.view_mut(),
+            &WindowAttention::new(1),
+        );
+        assert!(
+            matches!(
+                e,
+                Err(Error::LengthMismatch {
+                    what: "qkv_bias",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+    });
+    let b = d.upload(&vec![f16::ZERO; T * T]).expect("upload");
+    let t2 = WindowTable::new(&d, &[0], 2).expect("table");
+    let m = d.upload(&vec![f16::ZERO; T * T]).expect("upload");
+    let sl = WindowTable::new(&d, &[1], 2).expect("table");
+    with_setup(&d, |x, _, o| {
+        let bv = b.view();
+        let ab = AttnBias {
+            bias: &bv,
+            ty: &t2,
+            mask: None,
+        };
+        let e = window_attention(
+            &d,
+            &x.view(),
+            None,
+            &ab,
+            &mut o.view_mut(),
+            &WindowAttention::new(1),
+        );
+        assert!(
+            matches!(e, Err(Error::LengthMismatch { what: "bias", .. })),
+            "{e:?}"
+        );
+    });
+    with_setup(&d, |x, ab, o| {
+        let mv = m.view();
+        let ab = AttnBias {
+            mask: Some(AttnMask {
+                mask: &mv,
+                slot: &sl,
+            }),
+            ..*ab
+        };
+        let e = window_attention(
+            &d,
+            &x.view(),
+            None,
+            &ab,
+            &mut o.view_mut(),
+            &WindowAttention::new(1),
+        );
+        assert!(
+            matches!(e, Err(Error::LengthMismatch { what: "mask", .. })),
+            "{e:?}"
+        );
+    });
+}
+
+#[test]
+fn rejects_misaligned_output() {
+    let d = cpu();
+    let mut o = d.alloc::<f16>(T * D + 4).expect("alloc");
+    with_setup(&d, |x, ab, _| {
+        let mut ov = o.slice_mut(4..T * D + 4).expect("slice");
+        let e = window_attention(&d, &x.view(), None, ab, &mut ov, &WindowAttention::new(1));
+        assert!(
+            matches!(e, Err(Error::Misaligned { what: "out", .. })),
+            "{e:?}"
+        );
+    });
+}
+
+#[test]
+fn rejects_buffers_of_another_device() {
+    let d = cpu();
+    let other = Device::open(Choice::Cpu(Wave::W32)).expect("cpu backend");
+    let x = other.upload(&vec![f16::ONE; T * 3 * D]).expect("upload");
+    with_setup(&d, |_, ab, o| {
+        let e = window_attention(
+            &d,
+            &x.view(),
+            None,
+            ab,
+            &mut o.view_mut(),
+            &WindowAttention::new(1),
+        );
+        assert!(
+            matches!(e, Err(Error::WrongDevice { what: "qkv", .. })),
+            "{e:?}"
+        );
+    });
+}
+
+#[test]
+fn rejects_output_overlapping_the_input() {
+    let d = cpu();
+    let x = d.upload(&vec![f16::ONE; T * 3 * D]).expect("upload");
+    let ptr = x.device_ptr();
+    // SAFETY: both spans lie in `x`, which outlives the views; the overlap
+    // is what is being rejected (nothing is launched).
+    let (xin, mut out) = unsafe {
+        (
+            wavefuse::View::<f16>::from_raw(&d, ptr, T * 3 * D).expect("view"),
+            wavefuse::ViewMut::<f16>::from_raw(&d, ptr + (T * 2 * D * 2) as u64, T * D)
+                .expect("view"),
+        )
+    };
+    let b = d.upload(&vec![f16::ZERO; T * T]).expect("upload");
+    let t = WindowTable::new(&d, &[0], 1).expect("table");
+    let bv = b.view();
+    let ab = AttnBias {
+        bias: &bv,
+        ty: &t,
+        mask: None,
+    };
+    let e = window_attention(&d, &xin, None, &ab, &mut out, &WindowAttention::new(1));
+    assert!(matches!(e, Err(Error::Aliasing { .. })), "{e:?}");
+}
