@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! pangu_stage [--scale s1|s2|tiny] [--weights FILE | --random SEED]
-//!             [--build candle|wavefuse|candle,wavefuse] [--device cpu|cuda]
+//!             [--build candle,wavefuse,wavefuse-unfused] [--device cpu|cuda]
 //!             [--out DIR] [--reps N] [--breakdown N]
 //! ```
 //! `--breakdown N`: N more stage forwards per build with a timestamp at
@@ -279,6 +279,7 @@ fn main() -> Res<()> {
         let b = match build.as_str() {
             "candle" => Build::Candle(CandleOps::new(cfg.dim, DType::F16, &dev)?),
             "wavefuse" => Build::Wavefuse(WavefuseOps::new()),
+            "wavefuse-unfused" => Build::Wavefuse(WavefuseOps::unfused()),
             b => return Err(format!("unknown build {b}").into()),
         };
         let ops = b.ops();

@@ -278,3 +278,108 @@ pub fn bias_mask_softmax_(scores: &Tensor, bias: &Tensor, tables: &AttnTables) -
     tables.check_device(SOFTMAX, scores)?;
     scores.inplace_op2(bias, &BiasMaskSoftmax::new(tables))
 }
+
+/// Fused window attention from the QKV Linear's output
+/// ([`wavefuse::window_attention`]): `qkv` `[windows * T, 3C]` (per token
+/// `[q | k | v]`, heads major; T = 144, 32 channels per head) ->
+/// `[windows * T, C]`, heads merged, `softmax(scale q k^T + mask + bias) v`
+/// with no scores in memory. `CustomOp2` on `qkv` and the earth bias
+/// `[types, heads, T, T]`, or `CustomOp3` on `qkv`, its bias `[3C]` (added
+/// and rounded to f16 first) and the earth bias.
+#[derive(Clone, Debug)]
+pub struct WindowAttention {
+    tables: AttnTables,
+    heads: usize,
+    scale: f32,
+}
+
+const ATTN: &str = "wavefuse-window_attention";
+
+impl WindowAttention {
+    /// The op for `tables`, `heads` heads of 32 channels, factor `scale`
+    /// on `q k^T`.
+    pub fn new(tables: &AttnTables, heads: usize, scale: f32) -> WindowAttention {
+        WindowAttention {
+            tables: tables.clone(),
+            heads,
+            scale,
+        }
+    }
+
+    fn fwd<P: Path>(&self, ins: &[Operand<'_, P::S>]) -> Result<(P::S, Shape)> {
+        let (w, t, heads) = (self.tables.windows(), self.tables.tokens, self.heads);
+        let c = heads * crate::HEAD_DIM;
+        let l = ins[0].l;
+        if l.dims() != [w * t, 3 * c] {
+            candle_core::bail!(
+                "{ATTN}: `qkv` is {:?}, expected [{}, {}] ({w} windows of {t}, {heads} heads of {})",
+                l.dims(),
+                w * t,
+                3 * c,
+                crate::HEAD_DIM
+            );
+        }
+        let with_bias = ins.len() == 3;
+        if with_bias && ins[1].l.dims() != [3 * c] {
+            candle_core::bail!(
+                "{ATTN}: `qkv_bias` is {:?}, expected [{}]",
+                ins[1].l.dims(),
+                3 * c
+            );
+        }
+        let bl = ins[ins.len() - 1].l;
+        if bl.dims() != [self.tables.n_types(), heads, t, t] {
+            candle_core::bail!(
+                "{ATTN}: `bias` is {:?}, expected [{}, {heads}, {t}, {t}]",
+                bl.dims(),
+                self.tables.n_types()
+            );
+        }
+        let p = wavefuse::WindowAttention {
+            heads,
+            head_dim: crate::HEAD_DIM,
+            tokens_per_window: t,
+            scale: self.scale,
+        };
+        let n = w * t * c;
+        let mut o = P::run(ATTN, ins, None, &[n], |io| {
+            let qkv = io.input::<f16>(0, 0, None)?;
+            let qb = if with_bias {
+                Some(io.input::<f16>(1, 0, None)?)
+            } else {
+                None
+            };
+            let bias = io.input::<f16>(ins.len() - 1, 0, None)?;
+            let mask = self.tables.mask_view();
+            let ab = self.tables.attn(&bias, &mask);
+            let mut out = io.output(0, &[n])?;
+            wavefuse::window_attention(io.q, &qkv, qb.as_ref(), &ab, &mut out[0], &p)
+        })?;
+        Ok((o.remove(0), Shape::from((w * t, c))))
+    }
+}
+
+custom_op!(WindowAttention, ATTN, CustomOp2, ["qkv", "bias"]);
+custom_op!(
+    WindowAttention,
+    ATTN,
+    CustomOp3,
+    ["qkv", "qkv_bias", "bias"]
+);
+
+/// Fused window attention (see [`WindowAttention`]).
+pub fn window_attention(
+    qkv: &Tensor,
+    qkv_bias: Option<&Tensor>,
+    earth_bias: &Tensor,
+    tables: &AttnTables,
+    heads: usize,
+    scale: f32,
+) -> Result<Tensor> {
+    tables.check_device(ATTN, qkv)?;
+    let op = WindowAttention::new(tables, heads, scale);
+    match qkv_bias {
+        None => qkv.apply_op2_no_bwd(earth_bias, &op),
+        Some(b) => qkv.apply_op3_no_bwd(b, earth_bias, &op),
+    }
+}

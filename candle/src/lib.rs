@@ -17,6 +17,7 @@
 //! | [`qkv_split`] | [`QkvSplit`] | QKV split, bias added, q scaled |
 //! | [`bias_mask_add`] | [`BiasMaskAdd`] (in place) | earth bias + shift mask added to scores |
 //! | [`bias_mask_softmax`], [`bias_mask_softmax_`] | [`BiasMaskSoftmax`] | the same fused with the softmax |
+//! | [`window_attention`] | [`WindowAttention`] | fused window attention from the QKV output (bias, scale, earth bias, shift mask, softmax, `p v`, heads merged) |
 //! | [`BiasAdd::add_`] | [`BiasMaskAdd`] (in place) | a Linear's bias added to its output rows |
 //!
 //! Tensors are f16 (the GELU bias may be bf16). Index tables and shift
@@ -62,7 +63,8 @@ pub mod pangu;
 mod qkv;
 
 pub use attn::{
-    AttnTables, BiasMaskAdd, BiasMaskSoftmax, bias_mask_add, bias_mask_softmax, bias_mask_softmax_,
+    AttnTables, BiasMaskAdd, BiasMaskSoftmax, WindowAttention, bias_mask_add, bias_mask_softmax,
+    bias_mask_softmax_, window_attention,
 };
 pub use bias::BiasAdd;
 pub use gather::{

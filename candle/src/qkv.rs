@@ -60,9 +60,11 @@ impl QkvSplit {
             };
             let mut qkv = io.output(0, &[n, n, n])?;
             let [q, k, v] = &mut qkv[..] else {
-                return Err(wavefuse::Error::Empty {
+                return Err(wavefuse::Error::BadParameter {
                     op: QKV,
                     what: "q, k, v",
+                    value: String::new(),
+                    why: "three output parts expected (adapter bug)",
                 });
             };
             wavefuse::qkv_split(io.q, &x, b.as_ref(), q, k, v, &p)

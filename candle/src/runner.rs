@@ -231,6 +231,15 @@ impl<'a> Io<'a> {
     }
 }
 
+/// An op on empty tensors is a no-op (as every wavefuse op): nothing is
+/// viewed or launched when the main operand, the in-place operand or an
+/// output has no elements (the shape checks have run before).
+fn nothing_to_do<S>(ins: &[Operand<'_, S>], inout: Option<&Layout>, out_lens: &[usize]) -> bool {
+    ins.first().is_some_and(|o| o.l.shape().elem_count() == 0)
+        || inout.is_some_and(|l| l.shape().elem_count() == 0)
+        || out_lens.contains(&0)
+}
+
 /// The in-place operand: storage, layout, name (always f16).
 pub(crate) type InOut<'a, S> = (&'a mut S, &'a Layout, &'static str);
 
@@ -285,6 +294,12 @@ fn run_cpu(
     f: impl FnOnce(&mut Io<'_>) -> wavefuse::Result<()>,
 ) -> Result<Vec<CpuStorage>> {
     use candle_core::backend::BackendStorage;
+    if nothing_to_do(ins, inout.as_ref().map(|i| i.1), out_lens) {
+        return Ok(out_lens
+            .iter()
+            .map(|&n| CpuStorage::F16(vec![f16::ZERO; n]))
+            .collect());
+    }
     let dev = wf_device(DevKey::Cpu)?;
     let e = wf_err(op);
     // The uploaded inputs, alive until the launch has run.
@@ -372,7 +387,7 @@ pub(crate) use cuda::Cuda;
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use super::{DevKey, InOut, Io, Operand, Path, Raw, span, wf_device, wf_err};
+    use super::{DevKey, InOut, Io, Operand, Path, Raw, nothing_to_do, span, wf_device, wf_err};
     use candle_core::backend::{BackendDevice, BackendStorage};
     use candle_core::cuda_backend::cudarc::driver::{
         CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop,
@@ -428,6 +443,17 @@ mod cuda {
             Some((s, l, name)) => Some(span(op, name, l, s.dtype(), DType::F16)?),
             None => None,
         };
+        if nothing_to_do(ins, inout.as_ref().map(|i| i.1), out_lens) {
+            return out_lens
+                .iter()
+                .map(|&n| {
+                    Ok(CudaStorage::wrap_cuda_slice(
+                        cdev.alloc_zeros::<f16>(n)?,
+                        cdev.clone(),
+                    ))
+                })
+                .collect();
+        }
         let ordinal = match cdev.location() {
             DeviceLocation::Cuda { gpu_id } => gpu_id,
             loc => candle_core::bail!("{op}: candle CUDA device at {loc:?}"),

@@ -538,6 +538,62 @@ fn bias_mask_softmax_and_add() {
     }
 }
 
+/// The fused window attention against the unfused wavefuse chain on the
+/// emulator (both within their contracts of the exact attention; see the
+/// stage test's f64 oracle) and on CUDA against the emulator: the matrix
+/// units accumulate in their own order, so a few f16 ulps of the O(1)
+/// outputs, not bits.
+#[test]
+fn window_attention_matches_unfused_chain() {
+    let p = small_plan();
+    let heads = 6;
+    let (w, t, c) = (p.n_windows(), p.tokens_per_window(), heads * 32);
+    let mut rng = Rng(91);
+    let qkv = rng.halves(&[w * t, 3 * c], 2.0, 0.0);
+    let qb = rng.halves(&[3 * c], 0.5, 0.0);
+    let eb = rng.halves(&[p.n_window_types(), heads, t, t], 2.0, 0.0);
+    let scale = (32f64).powf(-0.5) as f32;
+    let mut cpu: Option<Vec<f64>> = None;
+    for dev in devices() {
+        let tables = AttnTables::from_plan(&p, &dev).unwrap();
+        let (x, b, e) = (
+            qkv.to_device(&dev).unwrap(),
+            qb.to_device(&dev).unwrap(),
+            eb.to_device(&dev).unwrap(),
+        );
+        let (whole, xv) = embedded(&x, 8, &dev);
+        let o =
+            wavefuse_candle::window_attention(&xv, Some(&b), &e, &tables, heads, scale).unwrap();
+        guards_intact(&whole, 8);
+        assert_eq!(o.dims(), &[w * t, c]);
+        let got = f64s(&o);
+        match &cpu {
+            None => {
+                let (q, k, v) = wavefuse_candle::qkv_split(&x, Some(&b), heads, t, scale).unwrap();
+                let s = q.matmul(&k.t().unwrap()).unwrap();
+                wavefuse_candle::bias_mask_softmax_(&s, &e, &tables).unwrap();
+                let want = s
+                    .matmul(&v)
+                    .unwrap()
+                    .transpose(1, 2)
+                    .unwrap()
+                    .contiguous()
+                    .unwrap();
+                let (max, rms) = errors(&got, &f64s(&want));
+                assert!(max < 4e-3 && rms < 4e-4, "vs unfused: max {max} rms {rms}");
+                cpu = Some(got);
+            }
+            Some(c) => {
+                let (max, rms) = errors(&got, c);
+                assert!(
+                    max < 4e-3 && rms < 2e-4,
+                    "{dev:?} vs emulator: max {max} rms {rms}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn operand_rule_and_errors_name_op_and_argument() {
     for dev in devices() {

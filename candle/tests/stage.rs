@@ -149,30 +149,31 @@ fn wavefuse_stage_matches_f64_oracle() {
         let stage = Stage::load(cfg, &t, &dev, DType::F16).unwrap();
         let x = stage.input(&t, &dev).unwrap();
         let x_before = to64(&x);
-        let ops = WavefuseOps::new();
-        assert_eq!(ops.name(), "wavefuse");
-        let y = if blocks == 2 {
-            stage.forward(&ops, &x).unwrap()
-        } else {
-            stage.forward_block(&ops, 0, &x).unwrap()
-        };
-        assert_eq!(to64(&x), x_before, "the stage input was written");
         let want = oracle::stage(&cfg, &t, blocks);
-        let (max, rms) = oracle::errors(&to64(&y), &want);
-        let cops = CandleOps::new(cfg.dim, DType::F16, &dev).unwrap();
-        let yc = if blocks == 2 {
-            stage.forward(&cops, &x).unwrap()
-        } else {
-            stage.forward_block(&cops, 0, &x).unwrap()
+        let run = |ops: &dyn StageOps| {
+            let y = if blocks == 2 {
+                stage.forward(ops, &x).unwrap()
+            } else {
+                stage.forward_block(ops, 0, &x).unwrap()
+            };
+            assert_eq!(
+                to64(&x),
+                x_before,
+                "{}: the stage input was written",
+                ops.name()
+            );
+            oracle::errors(&to64(&y), &want)
         };
-        let (cmax, crms) = oracle::errors(&to64(&yc), &want);
+        let (max, rms) = run(&WavefuseOps::new());
+        let (umax, urms) = run(&WavefuseOps::unfused());
+        let (cmax, crms) = run(&CandleOps::new(cfg.dim, DType::F16, &dev).unwrap());
         eprintln!(
-            "seed {seed}, {blocks} block(s): wavefuse max {max:.4} rms {rms:.5}; candle max {cmax:.4} rms {crms:.5}"
+            "seed {seed}, {blocks} block(s): wavefuse max {max:.4} rms {rms:.5}; unfused max {umax:.4} \
+             rms {urms:.5}; candle max {cmax:.4} rms {crms:.5}"
         );
-        assert!(
-            max < MAX_TOL && rms < RMS_TOL,
-            "seed {seed}: max {max} rms {rms}"
-        );
+        for (m, r) in [(max, rms), (umax, urms)] {
+            assert!(m < MAX_TOL && r < RMS_TOL, "seed {seed}: max {m} rms {r}");
+        }
     }
 }
 
@@ -185,33 +186,42 @@ fn probe_reports_the_steps() {
     let t = pangu::weights::random_weights(&cfg, 2, 1.0).unwrap();
     let stage = Stage::load(cfg, &t, &dev, DType::F16).unwrap();
     let x = stage.input(&t, &dev).unwrap();
-    let ops = WavefuseOps::new();
-    ops.probe().start(&dev).unwrap();
-    stage.forward(&ops, &x).unwrap();
-    let steps: Vec<&str> = ops.probe().finish().unwrap().iter().map(|s| s.0).collect();
-    let block = [
-        "qkv_gemm",
-        "qkv_split",
-        "scores_gemm",
-        "softmax",
-        "pv_gemm",
-        "head_merge",
-        "proj_gemm",
-        "proj_bias",
-        "unpartition_add_norm",
-        "fc1_gemm",
-        "bias_gelu",
-        "fc2_gemm",
-    ];
-    let mut want = vec!["norm_partition"];
-    want.extend(block);
-    want.push("add_norm_partition");
-    want.extend(block);
-    want.push("add");
-    assert_eq!(steps, want);
-    // Off again: nothing recorded.
-    stage.forward(&ops, &x).unwrap();
-    assert!(ops.probe().finish().unwrap().is_empty());
+    for (ops, attention) in [
+        (WavefuseOps::new(), &["window_attention"][..]),
+        (
+            WavefuseOps::unfused(),
+            &[
+                "qkv_split",
+                "scores_gemm",
+                "softmax",
+                "pv_gemm",
+                "head_merge",
+            ][..],
+        ),
+    ] {
+        ops.probe().start(&dev).unwrap();
+        stage.forward(&ops, &x).unwrap();
+        let steps: Vec<&str> = ops.probe().finish().unwrap().iter().map(|s| s.0).collect();
+        let mut block = vec!["qkv_gemm"];
+        block.extend(attention);
+        block.extend([
+            "proj_gemm",
+            "proj_bias",
+            "unpartition_add_norm",
+            "fc1_gemm",
+            "bias_gelu",
+            "fc2_gemm",
+        ]);
+        let mut want = vec!["norm_partition"];
+        want.extend(&block);
+        want.push("add_norm_partition");
+        want.extend(&block);
+        want.push("add");
+        assert_eq!(steps, want);
+        // Off again: nothing recorded.
+        stage.forward(&ops, &x).unwrap();
+        assert!(ops.probe().finish().unwrap().is_empty());
+    }
 }
 
 /// The attention step of both builds against an f64 oracle on fresh
@@ -276,14 +286,22 @@ fn attention_step_matches_f64_oracle() {
             }
         }
     }
-    let wops = WavefuseOps::new();
-    let cops = CandleOps::new(c, DType::F16, &dev).unwrap();
-    let got_w = to64(&wops.attention(&tq, &tb, &te, heads, &win).unwrap());
-    let got_c = to64(&cops.attention(&tq, &tb, &te, heads, &win).unwrap());
-    let (wm, wr) = oracle::errors(&got_w, &want);
-    let (cm, cr) = oracle::errors(&got_c, &want);
-    eprintln!("attention: wavefuse max {wm:.2e} rms {wr:.2e}; candle max {cm:.2e} rms {cr:.2e}");
-    assert!(wm < ATT_MAX && wr < ATT_RMS, "wavefuse: max {wm} rms {wr}");
+    let err = |ops: &dyn StageOps| {
+        let got = to64(&ops.attention(&tq, &tb, &te, heads, &win).unwrap());
+        oracle::errors(&got, &want)
+    };
+    let (fm, fr) = err(&WavefuseOps::new());
+    let (wm, wr) = err(&WavefuseOps::unfused());
+    let (cm, cr) = err(&CandleOps::new(c, DType::F16, &dev).unwrap());
+    eprintln!(
+        "attention: window_attention max {fm:.2e} rms {fr:.2e}; unfused max {wm:.2e} rms {wr:.2e}; \
+         candle max {cm:.2e} rms {cr:.2e}"
+    );
+    assert!(
+        fm < ATT_MAX && fr < ATT_RMS,
+        "window_attention: max {fm} rms {fr}"
+    );
+    assert!(wm < ATT_MAX && wr < ATT_RMS, "unfused: max {wm} rms {wr}");
     assert!(
         cm < 4.0 * ATT_MAX && cr < 4.0 * ATT_RMS,
         "candle: max {cm} rms {cr}"

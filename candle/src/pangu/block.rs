@@ -65,7 +65,7 @@ impl Block {
             Some(d) => ops.add_norm_partition(x, d, &self.w.norm1, &self.win)?,
         };
         let a = self.attention(ops, &h)?;
-        let (x, h) = ops.unpartition_add_norm(&x, &a, &self.win)?;
+        let (x, h) = ops.unpartition_add_norm(&x, &a, &self.w.norm2, &self.win)?;
         let m = ops.mlp(&h, &self.w)?;
         Ok((x, m))
     }

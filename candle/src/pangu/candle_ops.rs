@@ -157,6 +157,7 @@ impl StageOps for CandleOps {
         &self,
         x: &Tensor,
         branch: &Tensor,
+        _norm2: &Affine,
         win: &Windowing,
     ) -> Result<(Tensor, Tensor)> {
         let x = (x + unpartition(branch, win)?)?;

@@ -97,13 +97,18 @@ pub trait StageOps {
 
     /// The attention branch `[windows * T, C]` back to grid order (reverse
     /// partition, roll back, crop), added to the residual: returns
-    /// `(x + branch, LayerNorm(x + branch))` (no affine: norm2's is folded
-    /// into the MLP's first Linear, exact here since no padding follows).
-    /// `x` may be the stage's input: it is not updated.
+    /// `(x + branch, h)`, `h` the MLP's input: `LayerNorm(x + branch)`
+    /// without affine where the build folds `norm2` into the MLP's first
+    /// Linear (exact here since no padding follows; candle's build), or
+    /// with `norm2`'s affine where its [`StageOps::mlp`] uses the Linear as
+    /// trained (the wavefuse build: the LayerNorm kernel applies an affine
+    /// for free, and unfolded weights are not rounded twice). `x` may be
+    /// the stage's input: it is not updated.
     fn unpartition_add_norm(
         &self,
         x: &Tensor,
         branch: &Tensor,
+        norm2: &Affine,
         win: &Windowing,
     ) -> Result<(Tensor, Tensor)>;
 

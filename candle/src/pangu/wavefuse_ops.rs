@@ -5,14 +5,14 @@
 //! |---|---|
 //! | `norm_partition` | `layer_norm_gather` (affine) through the partition plan |
 //! | `add_norm_partition` | `add_layer_norm_gather` (affine; residual updated in place) |
-//! | `attention` | `qkv_split` (bias added, q scaled); candle's `q k^T`; `bias_mask_softmax` in place over the scores; candle's `p v`; `gather` through the head-merge plan (32-channel tokens `[w, h, t]` -> `[w, t, h]`) |
-//! | `unpartition_add_norm` | `gather` through the reverse plan, `add_layer_norm_to` (no affine; the stage input is never written) |
+//! | `attention` | `window_attention` (QKV bias, scale, earth bias, shift mask, softmax and `p v` in one launch, heads merged; no scores in memory). [`WavefuseOps::unfused`]: `qkv_split` (bias added, q scaled); candle's `q k^T`; `bias_mask_softmax` in place over the scores; candle's `p v`; `gather` through the head-merge plan (32-channel tokens `[w, h, t]` -> `[w, t, h]`) |
+//! | `unpartition_add_norm` | `gather` through the reverse plan, `add_layer_norm_to` with norm2's affine (the stage input is never written) |
 //! | `proj` | candle's GEMM, then `bias_mask_add` as a bias add ([`BiasAdd`]) in place |
 //! | `mlp` | candle's GEMMs; `bias_gelu` (erf); the second bias inside the second GEMM ([`crate::pangu::weights::MlpAug`]) |
 //! | `add` | `add_layer_norm` in place (its LayerNorm output unused) |
 //!
-//! Launches per block: 8 wavefuse kernels and 6 candle GEMMs, plus the
-//! stage's last add. No candle element-wise op runs: candle's broadcast
+//! Launches per block: 6 wavefuse kernels and 4 candle GEMMs (unfused: 8
+//! and 6), plus the stage's last add. No candle element-wise op runs: candle's broadcast
 //! and strided ops upload their layout with every launch.
 use super::config::{HEAD_DIM, LN_EPS};
 use super::ops::{Affine, StageOps, matmul_t};
@@ -96,12 +96,24 @@ impl Tables {
 #[derive(Debug, Default)]
 pub struct WavefuseOps {
     probe: Probe,
+    unfused: bool,
 }
 
 impl WavefuseOps {
-    /// The wavefuse build's ops.
+    /// The wavefuse build's ops (attention by `window_attention`).
     pub fn new() -> WavefuseOps {
         WavefuseOps::default()
+    }
+
+    /// The same with the attention unfused: `qkv_split`, candle's `q k^T`,
+    /// `bias_mask_softmax` in place, candle's `p v`, and a head-merge
+    /// `gather` (what the build ran before `window_attention`; kept for
+    /// comparison).
+    pub fn unfused() -> WavefuseOps {
+        WavefuseOps {
+            unfused: true,
+            ..WavefuseOps::default()
+        }
     }
 
     /// The step timer ([`Probe::start`] before a forward, [`Probe::finish`]
@@ -149,10 +161,16 @@ impl StageOps for WavefuseOps {
         win: &Windowing,
     ) -> Result<Tensor> {
         let tb = win.wavefuse()?;
+        let scale = (HEAD_DIM as f64).powf(-0.5) as f32;
+        if !self.unfused {
+            let o =
+                crate::window_attention(qkv, Some(qkv_bias), earth_bias, &tb.attn, heads, scale)?;
+            self.mark("window_attention")?;
+            return Ok(o);
+        }
         let merge = tb.merge(win, heads)?;
         let (rows, c3) = qkv.dims2()?;
         let t = win.tokens_per_window();
-        let scale = (HEAD_DIM as f64).powf(-0.5) as f32;
         let (q, k, v) = crate::qkv_split(qkv, Some(qkv_bias), heads, t, scale)?;
         self.mark("qkv_split")?;
         let s = q.matmul(&k.t()?)?;
@@ -170,11 +188,12 @@ impl StageOps for WavefuseOps {
         &self,
         x: &Tensor,
         branch: &Tensor,
+        norm2: &Affine,
         win: &Windowing,
     ) -> Result<(Tensor, Tensor)> {
         let t = win.wavefuse()?;
         let g = crate::gather(branch, &t.reverse)?;
-        let r = crate::add_layer_norm_to(x, &g, None, LN_EPS)?;
+        let r = crate::add_layer_norm_to(x, &g, Some(&norm2.packed), LN_EPS)?;
         self.mark("unpartition_add_norm")?;
         Ok(r)
     }

@@ -31,6 +31,9 @@ pub struct BlockWeights {
     pub proj_w: Tensor,
     /// Output projection bias `[C]`.
     pub proj_b: Tensor,
+    /// norm2's affine (unfolded: what the wavefuse build's LayerNorm
+    /// applies; the candle build folds it into `fc1_w`, `fc1_b`).
+    pub norm2: Affine,
     /// MLP first Linear `[4C, C]` with norm2's gamma folded in.
     pub fc1_w: Tensor,
     /// MLP first bias `[4C]` with norm2's beta folded in.
@@ -39,7 +42,8 @@ pub struct BlockWeights {
     pub fc2_w: Tensor,
     /// MLP second bias `[C]`.
     pub fc2_b: Tensor,
-    /// The MLP with its second bias inside the GEMM (see [`MlpAug`]).
+    /// The MLP as trained (norm2 not folded) with its second bias inside
+    /// the GEMM (see [`MlpAug`]).
     pub mlp_aug: MlpAug,
 }
 
@@ -146,8 +150,21 @@ impl BlockWeights {
         let (fc1_w, fc1_b) = (dev(&fc1_w)?, dev(&fc1_b)?);
         let fc2_w = dev(get(t, &n("fc2.weight"), &[c, hid])?)?;
         let fc2_b = dev(get(t, &n("fc2.bias"), &[c])?)?;
-        let mlp_aug = MlpAug::new(&fc1_w, &fc1_b, &fc2_w, &fc2_b)?;
+        // The wavefuse build keeps norm2's affine in its LayerNorm kernel
+        // (free there) and the first Linear as trained: no folded weights
+        // rounded to f16.
+        let mlp_aug = MlpAug::new(
+            &dev(get(t, &n("fc1.weight"), &[hid, c])?)?,
+            &dev(get(t, &n("fc1.bias"), &[hid])?)?,
+            &fc2_w,
+            &fc2_b,
+        )?;
+        let norm2 = Affine::new(
+            dev(get(t, &n("norm2.weight"), &[c])?)?,
+            dev(get(t, &n("norm2.bias"), &[c])?)?,
+        )?;
         Ok(BlockWeights {
+            norm2,
             norm1: Affine::new(
                 dev(get(t, &n("norm1.weight"), &[c])?)?,
                 dev(get(t, &n("norm1.bias"), &[c])?)?,
