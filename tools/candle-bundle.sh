@@ -87,7 +87,7 @@ fi
 if has candle; then
   for s in ${scales//,/ }; do
     "$bin" --scale "$s" --weights "$wdir/pangu_$s.safetensors" --device "$device" \
-      --build "${CANDLE_BUILDS:-candle,wavefuse}" --out "$wdir" --reps "${CANDLE_REPS:-30}" \
+      --build "${CANDLE_BUILDS:-candle,wavefuse,wavefuse-unfused}" --out "$wdir" --reps "${CANDLE_REPS:-30}" \
       --breakdown "${CANDLE_BREAKDOWN:-10}" 2>&1 | tee -a "$out/candle.txt"
   done
 fi
