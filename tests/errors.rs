@@ -103,3 +103,48 @@ fn emulator_findings_convert() {
         "emulator: bad launch configuration: block of 0 threads"
     );
 }
+
+/// Events of two devices cannot be compared: `elapsed_ms` says which
+/// argument is of another device instead of mixing handles.
+#[test]
+fn event_of_another_device_is_rejected() {
+    let a = Device::open(Choice::Cpu(Wave::W64)).expect("emulator");
+    let b = Device::open(Choice::Cpu(Wave::W64)).expect("emulator");
+    let (ea, eb) = (a.record().expect("record"), b.record().expect("record"));
+    let e = eb.elapsed_ms(&ea).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::WrongDevice {
+                op: "Event::elapsed_ms",
+                what: "start"
+            }
+        ),
+        "{e}"
+    );
+    let later = a.record().expect("record");
+    assert!(later.elapsed_ms(&ea).expect("same device") >= 0.0);
+    // A stream waits only for events of its own device.
+    let e = b.stream().wait(&ea).unwrap_err();
+    assert!(matches!(e, Error::WrongDevice { what: "event", .. }), "{e}");
+}
+
+/// `Choice::Auto` that falls back to the emulator says why each GPU
+/// backend did not open (a machine with a GPU skips nothing).
+#[test]
+fn auto_keeps_why_gpus_did_not_open() {
+    let dev = Device::open(Choice::Auto).expect("auto");
+    let info = dev.info();
+    if info.backend == wavefuse::BackendKind::Cpu {
+        let kinds: Vec<_> = info.skipped.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            kinds,
+            [wavefuse::BackendKind::Cuda, wavefuse::BackendKind::Hip],
+            "{:?}",
+            info.skipped
+        );
+        assert!(info.skipped.iter().all(|(_, why)| !why.is_empty()));
+    } else {
+        assert!(info.skipped.len() < 2, "{:?}", info.skipped);
+    }
+}
