@@ -99,7 +99,7 @@ struct Args {
     scale: f32,
 }
 
-struct Attention<const MASK: bool>(Args);
+struct Attention<const MASK: bool, const FAST: bool>(Args);
 
 /// Item `i` of a window's k and v copy: (token row, part 1 = k or 2 = v,
 /// quarter of the head row); consecutive items read consecutive 16 bytes.
@@ -217,9 +217,165 @@ unsafe fn copy_labels(src: *const i32, dst: *mut i32) {
     }
 }
 
-impl<const MASK: bool> MatrixKernel for Attention<MASK> {
+/// How a strip adds the mask: none (`z = fma(s, scale, bias)`), from the
+/// labels in workgroup memory, or a window of one region (`mask = 0`
+/// everywhere: `z = fma(s, scale, 0) + bias`, the labels' result without
+/// reading them).
+const NO_MASK: u8 = 0;
+const LABELS: u8 = 1;
+const ONE_REGION: u8 = 2;
+
+/// Whether the window's labels in workgroup memory are all equal (the
+/// same answer on every lane of the wave).
+#[inline(always)]
+fn one_region(lab: *const i32) -> bool {
+    let ws = gpu::wave_size() as usize;
+    let lane = gpu::thread_id() as usize % ws;
+    // SAFETY: labels 0..144 of the window (workgroup memory).
+    let l0 = unsafe { lab.read() };
+    let mut differ = 0u32;
+    let mut t = lane;
+    while t < T {
+        // SAFETY: as above.
+        differ |= u32::from(unsafe { lab.add(t).read() } != l0);
+        t += ws;
+    }
+    let mut m = 1;
+    while m < ws as u32 {
+        differ |= gpu::shfl_xor_u32(differ, m);
+        m <<= 1;
+    }
+    differ == 0
+}
+
+/// Workgroup-memory tiles of the current window.
+#[derive(Clone, Copy)]
+struct Tiles {
+    bias: *const u16,
+    k: *const u16,
+    v: *const u16,
+    labels: *const i32,
+}
+
+/// One 16-row query strip (rows `r0..r0 + 16`) of window `w`, head `h`:
+/// scores, softmax, `P V`, the output rows.
+#[inline(always)]
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+fn strip<M: Mma, const MODE: u8>(
+    a: &Args,
+    l: Tiles,
+    q0: M::A,
+    q1: M::A,
+    r0: usize,
+    w: usize,
+    h: usize,
+) {
+    let ch = a.heads as usize * D;
+    let mut lrow = [0i32; MAX_ROWS];
+    if MODE == LABELS {
+        for r in 0..M::ROWS {
+            // SAFETY: row r0 + slot_row(r) < 144 of the labels.
+            lrow[r] = unsafe { l.labels.add(r0 + M::slot_row(r) as usize).read() };
+        }
+    }
+    // Per 16-key tile: the scores, then z in place, and the max of each of
+    // the lane's rows.
+    let mut s = [M::zero(); STRIPS];
+    let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
+    crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+        // SAFETY: every tile read lies in the staged k (16-byte aligned rows
+        // of LS halves in workgroup memory).
+        let (k0, k1) = unsafe {
+            let p = l.k.add(16 * n * LS);
+            (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS))
+        };
+        s[n] = M::mma(q1, k1, M::mma(q0, k0, M::zero()));
+        let acc = s[n].as_mut();
+        let mut e = 0;
+        while e < M::ACC_LEN {
+            let i = r0 + M::acc_row(e) as usize;
+            let j = 16 * n + M::acc_col(e) as usize;
+            // SAFETY: (i, j..j + 2) lies in the bias tile; j is even, so the
+            // pair is 4-byte aligned.
+            let b = widen2(unsafe { l.bias.add(bias_at(i, j)).cast::<u32>().read() });
+            for x in 0..2 {
+                let z = match MODE {
+                    NO_MASK => gpu::fma(acc[e + x], a.scale, b[x]),
+                    ONE_REGION => gpu::fma(acc[e + x], a.scale, 0.0) + b[x],
+                    _ => {
+                        // SAFETY: j + x < 144.
+                        let lc = unsafe { l.labels.add(j + x).read() };
+                        let m = if lc == lrow[M::acc_slot(e)] { 0.0 } else { ATTN_MASK_NEG };
+                        gpu::fma(acc[e + x], a.scale, m) + b[x]
+                    }
+                };
+                acc[e + x] = z;
+                let r = M::acc_slot(e);
+                mx[r] = mx[r].max(z);
+            }
+            e += 2;
+        }
+    });
+    let mut neg_ml = [0.0f32; MAX_ROWS];
+    for r in 0..M::ROWS {
+        neg_ml[r] = -(M::row_max(mx[r]) * core::f32::consts::LOG2_E);
+    }
+    let mut sum = [0.0f32; MAX_ROWS];
+    let mut p = [M::to_a(M::zero()); STRIPS];
+    crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+        let acc = s[n].as_mut();
+        for e in 0..M::ACC_LEN {
+            let r = M::acc_slot(e);
+            let x = gpu::exp2_approx(gpu::fma(acc[e], core::f32::consts::LOG2_E, neg_ml[r]));
+            acc[e] = x;
+            sum[r] += x;
+        }
+        p[n] = M::to_a(s[n]);
+    });
+    let mut inv = [0.0f32; MAX_ROWS];
+    for r in 0..M::ROWS {
+        inv[r] = 1.0 / M::row_sum(sum[r]);
+    }
+    // Keeps the v reads here: hoisted above the softmax, they raised the
+    // register peak past gfx90a's 128 VGPRs (and spilled).
+    gpu::sched_barrier();
+    let (mut o0, mut o1) = (M::zero(), M::zero());
+    crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+        // SAFETY: as for the k tiles.
+        let (v0, v1) = unsafe {
+            let p = l.v.add(16 * n * LS);
+            (M::load_b(p, LS), M::load_b(p.add(16), LS))
+        };
+        o0 = M::mma(p[n], v0, o0);
+        o1 = M::mma(p[n], v1, o1);
+        // One tile's v reads at a time on AMD: gfx908 budgets 64 VGPRs (its
+        // MFMA results live in AGPRs), and all nine tiles' reads hoisted
+        // together spilled there.
+        gpu::sched_barrier();
+    });
+    for (half, o) in [o0, o1].iter().enumerate() {
+        let o = o.as_ref();
+        let mut e = 0;
+        while e < M::ACC_LEN {
+            let i = r0 + M::acc_row(e) as usize;
+            let d = 16 * half + M::acc_col(e) as usize;
+            let r = M::acc_slot(e);
+            let pair = pack2(o[e] * inv[r], o[e + 1] * inv[r]);
+            // SAFETY: token (w, i), channel h * 32 + d of the output
+            // (caller); d even, so 4-byte aligned.
+            unsafe {
+                a.out
+                    .add((w * T + i) * ch + h * D + d)
+                    .cast::<u32>()
+                    .write(pair)
+            };
+            e += 2;
+        }
+    }
+}
+
+impl<const MASK: bool, const FAST: bool> MatrixKernel for Attention<MASK, FAST> {
     #[inline(always)]
-    #[allow(clippy::needless_range_loop)]
     fn run<M: Mma>(self) {
         let a = self.0;
         let heads = crate::math::divisor(a.heads);
@@ -231,8 +387,13 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         let lds = gpu::workgroup_mem::<u16>();
         let lb = lds;
         let lk = lds.wrapping_add(ATTN_K_OFFSET as usize / 2);
-        let lv = lk.wrapping_add(T * LS);
         let lab = lds.wrapping_add(ATTN_LABEL_OFFSET as usize / 2).cast::<i32>();
+        let tiles = Tiles {
+            bias: lb,
+            k: lk,
+            v: lk.wrapping_add(T * LS),
+            labels: lab,
+        };
         let wave = gpu::wave_uniform(gpu::thread_id() / gpu::wave_size()) as usize;
         let has_qb = !a.qkv_bias.is_null();
         let zero_a = M::to_a(M::zero());
@@ -288,121 +449,28 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
             }
             gpu::copy_to_workgroup_wait();
             gpu::barrier();
-            let mut strip = wave;
-            while strip < STRIPS {
-                let r0 = 16 * strip;
+            let uniform = MASK && FAST && one_region(lab);
+            let mut s = wave;
+            while s < STRIPS {
                 let (q0, q1) = qn;
                 // The next strip's q, one strip ahead (the next window's
                 // first after the last).
-                let (nw, ns) = if strip + (ATTN_WAVES as usize) < STRIPS {
-                    (w, strip + ATTN_WAVES as usize)
+                let (nw, ns) = if s + (ATTN_WAVES as usize) < STRIPS {
+                    (w, s + ATTN_WAVES as usize)
                 } else {
                     (w + 1, wave)
                 };
                 if nw < end {
                     qn = load_q(nw, ns);
                 }
-                let mut lrow = [0i32; MAX_ROWS];
-                if MASK {
-                    for r in 0..M::ROWS {
-                        // SAFETY: row r0 + slot_row(r) < 144 of the labels.
-                        lrow[r] = unsafe { lab.add(r0 + M::slot_row(r) as usize).read() };
-                    }
+                if !MASK {
+                    strip::<M, NO_MASK>(&a, tiles, q0, q1, 16 * s, w, h);
+                } else if uniform {
+                    strip::<M, ONE_REGION>(&a, tiles, q0, q1, 16 * s, w, h);
+                } else {
+                    strip::<M, LABELS>(&a, tiles, q0, q1, 16 * s, w, h);
                 }
-                // Per 16-key tile: the scores, then z in place, and the max
-                // of each of the lane's rows.
-                let mut s = [M::zero(); STRIPS];
-                let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
-                crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                    // SAFETY: every tile read lies in the staged k (16-byte
-                    // aligned rows of LS halves in workgroup memory).
-                    let (k0, k1) = unsafe {
-                        let p = lk.add(16 * n * LS);
-                        (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS))
-                    };
-                    s[n] = M::mma(q1, k1, M::mma(q0, k0, M::zero()));
-                    let acc = s[n].as_mut();
-                    let mut e = 0;
-                    while e < M::ACC_LEN {
-                        let i = r0 + M::acc_row(e) as usize;
-                        let j = 16 * n + M::acc_col(e) as usize;
-                        // SAFETY: (i, j..j + 2) lies in the bias tile; j is
-                        // even, so the pair is 4-byte aligned.
-                        let b = widen2(unsafe { lb.add(bias_at(i, j)).cast::<u32>().read() });
-                        for x in 0..2 {
-                            let z = if MASK {
-                                // SAFETY: j + x < 144.
-                                let lc = unsafe { lab.add(j + x).read() };
-                                let m = if lc == lrow[M::acc_slot(e)] { 0.0 } else { ATTN_MASK_NEG };
-                                gpu::fma(acc[e + x], a.scale, m) + b[x]
-                            } else {
-                                gpu::fma(acc[e + x], a.scale, b[x])
-                            };
-                            acc[e + x] = z;
-                            let r = M::acc_slot(e);
-                            mx[r] = mx[r].max(z);
-                        }
-                        e += 2;
-                    }
-                });
-                let mut neg_ml = [0.0f32; MAX_ROWS];
-                for r in 0..M::ROWS {
-                    neg_ml[r] = -(M::row_max(mx[r]) * core::f32::consts::LOG2_E);
-                }
-                let mut sum = [0.0f32; MAX_ROWS];
-                let mut p = [zero_a; STRIPS];
-                crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                    let acc = s[n].as_mut();
-                    for e in 0..M::ACC_LEN {
-                        let r = M::acc_slot(e);
-                        let x = gpu::exp2_approx(gpu::fma(acc[e], core::f32::consts::LOG2_E, neg_ml[r]));
-                        acc[e] = x;
-                        sum[r] += x;
-                    }
-                    p[n] = M::to_a(s[n]);
-                });
-                let mut inv = [0.0f32; MAX_ROWS];
-                for r in 0..M::ROWS {
-                    inv[r] = 1.0 / M::row_sum(sum[r]);
-                }
-                // Keeps the v reads here: hoisted above the softmax, they
-                // raised the register peak past gfx90a's 128 VGPRs (and
-                // spilled).
-                gpu::sched_barrier();
-                let (mut o0, mut o1) = (M::zero(), M::zero());
-                crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                    // SAFETY: as for the k tiles.
-                    let (v0, v1) = unsafe {
-                        let p = lv.add(16 * n * LS);
-                        (M::load_b(p, LS), M::load_b(p.add(16), LS))
-                    };
-                    o0 = M::mma(p[n], v0, o0);
-                    o1 = M::mma(p[n], v1, o1);
-                    // One tile's v reads at a time on AMD: gfx908 budgets 64
-                    // VGPRs (its MFMA results live in AGPRs), and all nine
-                    // tiles' reads hoisted together spilled there.
-                    gpu::sched_barrier();
-                });
-                for (half, o) in [o0, o1].iter().enumerate() {
-                    let o = o.as_ref();
-                    let mut e = 0;
-                    while e < M::ACC_LEN {
-                        let i = r0 + M::acc_row(e) as usize;
-                        let d = 16 * half + M::acc_col(e) as usize;
-                        let r = M::acc_slot(e);
-                        let pair = pack2(o[e] * inv[r], o[e + 1] * inv[r]);
-                        // SAFETY: token (w, i), channel h * 32 + d of the
-                        // output (caller); d even, so 4-byte aligned.
-                        unsafe {
-                            a.out
-                                .add((w * T + i) * ch + h * D + d)
-                                .cast::<u32>()
-                                .write(pair)
-                        };
-                        e += 2;
-                    }
-                }
-                strip += ATTN_WAVES as usize;
+                s += ATTN_WAVES as usize;
             }
             w += 1;
         }
@@ -422,7 +490,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
 /// workgroup memory.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn window_attention<const MASK: bool>(
+pub unsafe fn window_attention<const MASK: bool, const FAST: bool>(
     qkv: *const u16,
     qkv_bias: *const u16,
     out: *mut u16,
@@ -437,7 +505,7 @@ pub unsafe fn window_attention<const MASK: bool>(
     n_slots: u32,
     scale: f32,
 ) {
-    gpu::mma::run(Attention::<MASK>(Args {
+    gpu::mma::run(Attention::<MASK, FAST>(Args {
         qkv,
         qkv_bias,
         out,
@@ -458,7 +526,7 @@ kernel! {
     /// Window attention with the earth bias (no mask).
     pub fn wf_window_attention_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, windows: u32, heads: u32, run: u32, n_types: u32, n_slots: u32, scale: f32) {
         // SAFETY: extents, alignment and tables checked by the host API.
-        unsafe { window_attention::<false>(qkv, qkv_bias, out, bias, labels, types, slots, windows, heads, run, n_types, n_slots, scale) }
+        unsafe { window_attention::<false, false>(qkv, qkv_bias, out, bias, labels, types, slots, windows, heads, run, n_types, n_slots, scale) }
     }
 }
 
@@ -467,6 +535,14 @@ kernel! {
     /// from region labels.
     pub fn wf_window_attention_mask_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, windows: u32, heads: u32, run: u32, n_types: u32, n_slots: u32, scale: f32) {
         // SAFETY: extents, alignment and tables checked by the host API.
-        unsafe { window_attention::<true>(qkv, qkv_bias, out, bias, labels, types, slots, windows, heads, run, n_types, n_slots, scale) }
+        unsafe { window_attention::<true, true>(qkv, qkv_bias, out, bias, labels, types, slots, windows, heads, run, n_types, n_slots, scale) }
+    }
+}
+
+kernel! {
+    /// EXPERIMENT: labels path for every window.
+    pub fn wf_window_attention_mask_144_slow(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, windows: u32, heads: u32, run: u32, n_types: u32, n_slots: u32, scale: f32) {
+        // SAFETY: extents, alignment and tables checked by the host API.
+        unsafe { window_attention::<true, false>(qkv, qkv_bias, out, bias, labels, types, slots, windows, heads, run, n_types, n_slots, scale) }
     }
 }
