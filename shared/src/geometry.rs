@@ -37,36 +37,31 @@ pub const ATTN_HEAD_DIM: u32 = 32;
 /// Window attention: the mask value between tokens of different regions of
 /// a shifted window (Swin's and Pangu's `-100`, not `-inf`).
 pub const ATTN_MASK_NEG: f32 = -100.0;
-/// Window attention: waves per workgroup (one workgroup per head and run
-/// of windows; for each window wave `w` takes the 16-row query strips
-/// `w, w + 3, w + 6`).
+/// Window attention: waves per workgroup (one workgroup per window and
+/// head; wave `w` takes the 16-row query strips `w, w + 3, w + 6`).
 pub const ATTN_WAVES: u32 = 3;
-/// Window attention: row stride of the k and v tiles in workgroup memory
+/// Window attention: row stride of the q, k, v tiles in workgroup memory
 /// (halves): 32 + 8 of padding, so the eight 16-byte rows one `ldmatrix`
 /// phase reads (80 bytes apart) fall in distinct bank groups.
 pub const ATTN_LDS_STRIDE: u32 = 40;
-/// Window attention: consecutive windows one workgroup takes (the last
-/// workgroup of a head may take fewer). The (type, head) bias tile stays in
-/// workgroup memory while consecutive windows share the type (Pangu's
-/// longitude windows do), so the bias is read once per run instead of once
-/// per window.
-pub const ATTN_RUN: u32 = 8;
-/// Window attention: byte offset of the k tile in workgroup memory (after
-/// the 144 x 144 f16 bias tile, stored unpadded with a swizzle).
-pub const ATTN_K_OFFSET: u32 = ATTN_T * ATTN_T * 2;
-/// Window attention: byte offset of the window's region labels (after the
-/// k and v tiles).
-pub const ATTN_LABEL_OFFSET: u32 = ATTN_K_OFFSET + 2 * ATTN_T * ATTN_LDS_STRIDE * 2;
-/// Window attention: workgroup memory per workgroup (bytes): the bias tile
-/// of one (type, head), the k and v tiles of one window and head, the
-/// window's 144 region labels (i32). 65,088 bytes: within gfx9's 64 KiB;
-/// on NVIDIA above the 48 KiB a launch takes without an opt-in (the host
-/// raises the kernel's limit when it loads the module), three workgroups
-/// per SM on sm_90 (227 KiB).
+/// Window attention: row stride of a wave's bias strip buffer (halves):
+/// 144 + 8, so the eight rows a quad-row of lanes reads (304 bytes apart)
+/// fall in distinct bank groups.
+pub const ATTN_BIAS_STRIDE: u32 = 152;
+/// Window attention: byte offset of the window's 144 region labels (i32)
+/// in workgroup memory, after the q, k and v tiles and each wave's 16-row
+/// bias strip buffer.
+pub const ATTN_LABEL_OFFSET: u32 =
+    3 * ATTN_T * ATTN_LDS_STRIDE * 2 + ATTN_WAVES * 16 * ATTN_BIAS_STRIDE * 2;
+/// Window attention: workgroup memory per workgroup (bytes): the q, k and
+/// v tiles of one window and head, each wave's bias strip buffer, the
+/// window's labels. 49,728 bytes: within gfx9's 64 KiB; on NVIDIA above
+/// the 48 KiB a launch takes without an opt-in (the host raises the
+/// kernel's limit when it loads the module); four workgroups per SM on
+/// sm_90.
 pub const ATTN_SHARED_BYTES: u32 = ATTN_LABEL_OFFSET + ATTN_T * 4;
-const _: () = assert!(ATTN_SHARED_BYTES <= 64 * 1024);
-const _: () = assert!(ATTN_K_OFFSET.is_multiple_of(16) && ATTN_LABEL_OFFSET.is_multiple_of(16));
+const _: () = assert!(ATTN_SHARED_BYTES <= 64 * 1024 && ATTN_LABEL_OFFSET.is_multiple_of(16));
 /// Window attention: workgroups per SM the NVIDIA build's register budget
-/// is set for (PTX `.minnctapersm`, written by `cargo xtask kernels`): the
-/// workgroup memory allows three on sm_90.
-pub const ATTN_MIN_BLOCKS_SM: u32 = 3;
+/// is set for (PTX `.minnctapersm`, written by `cargo xtask kernels`):
+/// 168 registers per thread; the workgroup memory allows 4 on sm_90.
+pub const ATTN_MIN_BLOCKS_SM: u32 = 4;

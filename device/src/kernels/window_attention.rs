@@ -20,7 +20,9 @@
 //!   unit (q is not pre-scaled or rounded);
 //! - `z = fma(s, scale, mask_ij) + bias_ij` in f32 (without a mask
 //!   `z = fma(s, scale, bias_ij)`): the mask first, as in
-//!   [`super::bias_mask_add`], and `s * scale + mask` rounded once;
+//!   [`super::bias_mask_add`], and `s * scale + mask` rounded once (a
+//!   window whose labels are all equal computes `fma(s, scale, 0) + bias`
+//!   without reading them: the same bits);
 //! - `m = max_j z` (f32, exact);
 //! - `e = 2^(fma(z, log2 e, -(m * log2 e)))`, the hardware `exp2`
 //!   ([`gpu::exp2_approx`]), one FMA instead of a subtract and a multiply;
@@ -37,33 +39,31 @@
 //! `torch.softmax`); a label mask never masks a whole row (a token shares
 //! its own region).
 //!
-//! Layout: one workgroup of [`ATTN_WAVES`] waves per head and run of
-//! [`ATTN_RUN`] consecutive windows (`block_id = run * heads + head`).
-//! Workgroup memory holds the (type, head) bias tile (144 x 144 f16,
-//! unpadded, 16-byte pieces swizzled so that the eight rows a quad-row of
-//! NVIDIA lanes reads fall in distinct banks), copied again only when a
-//! window's type differs from the previous one's; the window's k and v
-//! tiles (rows padded to [`ATTN_LDS_STRIDE`]); its region labels. All three
-//! are copied in 16-byte pieces ([`gpu::copy_to_workgroup`]: `cp.async` on
-//! NVIDIA, so no registers hold them in flight). Each wave then takes the
-//! 16-row query strips `w, w + 3, w + 6`; the strip's q rows are read from
-//! global memory straight into the matrix unit's operand layout
-//! ([`Mma::load_a_global`]), one strip ahead. The strip's 16 x 144 scores
-//! stay in registers as nine 16x16 accumulators; the row max and sum are
-//! reduced over the lanes of a row; the rounded weights are reused in
-//! registers as the left operand of `P V` ([`Mma::to_a`]). Nothing but q,
-//! k, v, the bias tile once per run, the labels and the output touches
-//! memory outside the workgroup.
+//! Layout: one workgroup of [`ATTN_WAVES`] waves per (window, head)
+//! (`block_id = window * heads + head`). The q, k and v tiles (144 x 32)
+//! and the window's 144 labels are copied to workgroup memory in 16-byte
+//! pieces ([`gpu::copy_to_workgroup`]: `cp.async` on NVIDIA, so no
+//! registers hold them in flight), tile rows padded to [`ATTN_LDS_STRIDE`].
+//! Each wave then takes the 16-row query strips `w, w + 3, w + 6`: the
+//! strip's 16 x 144 scores stay in registers as nine 16x16 accumulators;
+//! the strip's bias rows come from a per-wave buffer in workgroup memory,
+//! copied in 16-byte pieces while the previous strip finished (read
+//! straight from L2 in the accumulator layout, pairs of halves, they kept
+//! L2 at 71% of its throughput and the kernel 13% slower on the H200); the
+//! row max and sum are reduced over the lanes of a row; the rounded
+//! weights are reused in registers as the left operand of `P V`
+//! ([`Mma::to_a`]). Nothing but q, k, v, the bias, the labels and the
+//! output touches memory outside the workgroup.
 //!
 //! On NVIDIA the entry points carry launch bounds (`cargo xtask kernels`
-//! writes `.maxntid 96` and `.minnctapersm 3` into the PTX: the workgroup
-//! memory allows three workgroups per SM).
+//! writes `.maxntid 96` and `.minnctapersm 4` into the PTX): without them
+//! ptxas took 176 registers and 3 workgroups fit an SM.
 use crate::gpu::mma::{MAX_ROWS, MatrixKernel, Mma};
 use crate::gpu::{self, pack2, widen2};
 use crate::vec::{V8, load8_bits, store8_bits};
 use wavefuse_shared::geometry::{
-    ATTN_HEAD_DIM, ATTN_K_OFFSET, ATTN_LABEL_OFFSET, ATTN_LDS_STRIDE, ATTN_MASK_NEG, ATTN_RUN,
-    ATTN_T, ATTN_WAVES,
+    ATTN_BIAS_STRIDE, ATTN_HEAD_DIM, ATTN_LABEL_OFFSET, ATTN_LDS_STRIDE, ATTN_MASK_NEG, ATTN_T,
+    ATTN_WAVES,
 };
 
 const T: usize = ATTN_T as usize;
@@ -71,15 +71,13 @@ const D: usize = ATTN_HEAD_DIM as usize;
 const LS: usize = ATTN_LDS_STRIDE as usize;
 /// 16-row query strips (and 16-key tiles) per window.
 const STRIPS: usize = T / 16;
-/// 16-byte vectors of k and v per window and head.
-const VECS: usize = 2 * T * D / 8;
-/// Vectors per thread: 12 for three warps of 32 (6 of them used for three
+/// 16-byte vectors of q, k and v per window and head.
+const VECS: usize = 3 * T * D / 8;
+/// Vectors per thread: 18 for three warps of 32 (9 of them used for three
 /// waves of 64).
 const PER_THREAD: usize = VECS / (ATTN_WAVES as usize * 32);
-/// 16-byte pieces of a bias tile.
-const BIAS_VECS: usize = T * T / 8;
-const _: () = assert!(T.is_multiple_of(16) && VECS.is_multiple_of(ATTN_WAVES as usize * 64));
-const _: () = assert!(PER_THREAD == 12 && ATTN_RUN >= 1);
+const _: () = assert!(T.is_multiple_of(16) && VECS.is_multiple_of(ATTN_WAVES as usize * 32));
+const _: () = assert!(PER_THREAD == 18);
 
 /// The kernel's arguments (see [`window_attention`]).
 #[derive(Clone, Copy)]
@@ -91,9 +89,7 @@ struct Args {
     labels: *const i32,
     types: *const i32,
     slots: *const i32,
-    windows: u32,
     heads: u32,
-    run: u32,
     n_types: u32,
     n_slots: u32,
     scale: f32,
@@ -101,106 +97,100 @@ struct Args {
 
 struct Attention<const MASK: bool, const FAST: bool>(Args);
 
-/// Item `i` of a window's k and v copy: (token row, part 1 = k or 2 = v,
-/// quarter of the head row); consecutive items read consecutive 16 bytes.
-#[inline(always)]
-fn kv_item(i: usize) -> (usize, usize, usize) {
-    (i / 8, 1 + (i % 8) / 4, i % 4)
-}
-
-/// Copies the window's k and v rows of head `h` into workgroup memory
-/// through registers (all loads issued before the stores), adding the QKV
-/// bias.
+/// Copies the window's q, k and v rows of head `h` into workgroup memory
+/// (all loads issued before the stores), adding the QKV bias when `BIAS`.
 ///
 /// # Safety
-/// As for [`window_attention`]; `lk` holds the k then the v tile.
+/// As for [`window_attention`]; `lds` holds three 144-row tiles.
 // Index loops over register arrays unroll; iterators do not always.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn stage_kv(a: &Args, lk: *mut u16, w: usize, h: usize) {
+unsafe fn stage<const BIAS: bool>(a: &Args, lds: *mut u16, w: usize, h: usize) {
     let ch = a.heads as usize * D;
     let tid = gpu::thread_id() as usize;
     let nthreads = (ATTN_WAVES * gpu::wave_size()) as usize;
-    // A constant on the GPU targets (12 or 6), so the unused slots of the
+    // A constant on the GPU targets (18 or 9), so the unused slots of the
     // wave64 build vanish at compile time.
     let per = VECS / nthreads;
     let mut v = [[0u32; 4]; PER_THREAD];
-    crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11] {
+    crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
         let i = tid + j * nthreads;
         if j < per {
-            let (t, part, c) = kv_item(i);
+            // Item i: token row t, part (q, k, v), quarter c of the head row;
+            // consecutive items read consecutive 16 bytes of a row.
+            let (t, part, c) = (i / 12, (i % 12) / 4, i % 4);
             let src = (w * T + t) * 3 * ch + part * ch + h * D + 8 * c;
             // SAFETY: the row lies in qkv (caller); 16-byte aligned.
             let x = unsafe { load8_bits(a.qkv.add(src)) };
             // SAFETY: part * C + h * 32 + 8c < 3C; aligned (caller).
-            let b = unsafe { load8_bits(a.qkv_bias.add(part * ch + h * D + 8 * c)) };
+            let b = if BIAS { unsafe { load8_bits(a.qkv_bias.add(part * ch + h * D + 8 * c)) } } else { V8([0; 4]) };
             // Word by word (a whole-vector copy left the array in local
             // memory on NVPTX).
             for k in 0..4 {
-                v[j][k] = gpu::add_h2(x.0[k], b.0[k]);
+                v[j][k] = if BIAS { gpu::add_h2(x.0[k], b.0[k]) } else { x.0[k] };
             }
         }
     });
-    crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11] {
+    crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
         let i = tid + j * nthreads;
         if j < per {
-            let (t, part, c) = kv_item(i);
-            // SAFETY: inside the two tiles; rows of 80 bytes keep the
+            let (t, part, c) = (i / 12, (i % 12) / 4, i % 4);
+            // SAFETY: inside the three tiles; rows of 80 bytes keep the
             // 16-byte alignment.
-            unsafe { store8_bits(lk.add(((part - 1) * T + t) * LS + 8 * c), V8(v[j])) };
+            unsafe { store8_bits(lds.add((part * T + t) * LS + 8 * c), V8(v[j])) };
         }
     });
 }
 
-/// Starts copying the window's k and v rows of head `h` to workgroup
-/// memory (`cp.async` on NVIDIA: no registers hold the data in flight).
+/// [`stage`] without a QKV bias: straight copies to workgroup memory
+/// (`cp.async` on NVIDIA: no registers hold the data in flight).
 ///
 /// # Safety
-/// As for [`stage_kv`].
+/// As for [`stage`].
 #[inline(always)]
-unsafe fn copy_kv(a: &Args, lk: *mut u16, w: usize, h: usize) {
+unsafe fn copy(a: &Args, lds: *mut u16, w: usize, h: usize) {
     let ch = a.heads as usize * D;
+    let tid = gpu::thread_id() as usize;
     let nthreads = (ATTN_WAVES * gpu::wave_size()) as usize;
-    let mut i = gpu::thread_id() as usize;
+    let mut i = tid;
     while i < VECS {
-        let (t, part, c) = kv_item(i);
+        let (t, part, c) = (i / 12, (i % 12) / 4, i % 4);
         // SAFETY: the row lies in qkv, the destination in the tiles; both
         // 16-byte aligned (caller).
         unsafe {
             gpu::copy_to_workgroup(
-                lk.add(((part - 1) * T + t) * LS + 8 * c),
+                lds.add((part * T + t) * LS + 8 * c),
                 a.qkv.add((w * T + t) * 3 * ch + part * ch + h * D + 8 * c),
             )
         };
         i += nthreads;
     }
+    gpu::copy_to_workgroup_wait();
 }
 
-/// Where halves `(i, j..j + 2)` (`j` even) of the bias tile lie in
-/// workgroup memory: the 16-byte pieces of rows with bit 2 set are swapped
-/// in pairs (`j ^ 8`), so that rows `g` and `g + 4` of a quad-row read do
-/// not share banks (rows are 288 bytes, 8 banks apart).
-#[inline(always)]
-fn bias_at(i: usize, j: usize) -> usize {
-    i * T + (j ^ (2 * (i & 4)))
-}
+const BS: usize = ATTN_BIAS_STRIDE as usize;
 
-/// Starts copying the (type, head) bias tile at `bp` to workgroup memory
-/// at `lb`, swizzled as [`bias_at`] reads it.
+/// Starts copying the bias rows of query strip `strip` to this wave's
+/// buffer `buf` (16 rows of 144 halves, 16-byte pieces spread over the wave).
 ///
 /// # Safety
-/// `bp` a whole bias tile, `lb` T x T halves of workgroup memory, both
-/// 16-byte aligned.
+/// `bp` the (type, head) bias tile, `buf` 16 x BS halves of workgroup memory.
 #[inline(always)]
-unsafe fn copy_bias(bp: *const u16, lb: *mut u16) {
-    let nthreads = (ATTN_WAVES * gpu::wave_size()) as usize;
-    let mut c = gpu::thread_id() as usize;
-    while c < BIAS_VECS {
-        let (r, q) = (c / (T / 8), c % (T / 8));
-        // SAFETY: row r < 144 of the tile; 16-byte pieces of rows of 288
-        // bytes (the swizzle swaps whole pieces within the row).
-        unsafe { gpu::copy_to_workgroup(lb.add(bias_at(r, 8 * q)), bp.add(r * T + 8 * q)) };
-        c += nthreads;
+unsafe fn prefetch_bias(bp: *const u16, buf: *mut u16, strip: usize) {
+    let ws = gpu::wave_size() as usize;
+    let lane = gpu::thread_id() as usize % ws;
+    let mut c = lane;
+    while c < 16 * 18 {
+        let (r, q) = (c / 18, c % 18);
+        // SAFETY: row 16 strip + r < 144 of the tile; 16-byte pieces of
+        // 16-byte aligned rows (288 and 304 bytes long).
+        unsafe {
+            gpu::copy_to_workgroup(
+                buf.add(r * BS + 8 * q),
+                bp.add((16 * strip + r) * T + 8 * q),
+            )
+        };
+        c += ws;
     }
 }
 
@@ -216,14 +206,6 @@ unsafe fn copy_labels(src: *const i32, dst: *mut i32) {
         unsafe { gpu::copy_to_workgroup(dst.add(4 * c).cast(), src.add(4 * c).cast()) };
     }
 }
-
-/// How a strip adds the mask: none (`z = fma(s, scale, bias)`), from the
-/// labels in workgroup memory, or a window of one region (`mask = 0`
-/// everywhere: `z = fma(s, scale, 0) + bias`, the labels' result without
-/// reading them).
-const NO_MASK: u8 = 0;
-const LABELS: u8 = 1;
-const ONE_REGION: u8 = 2;
 
 /// Whether the window's labels in workgroup memory are all equal (the
 /// same answer on every lane of the wave).
@@ -248,129 +230,157 @@ fn one_region(lab: *const i32) -> bool {
     differ == 0
 }
 
-/// Workgroup-memory tiles of the current window.
+/// How a strip adds the mask: none (`z = fma(s, scale, bias)`), from the
+/// labels in workgroup memory, or a window of one region (`mask = 0`
+/// everywhere: `z = fma(s, scale, 0) + bias`, the labels' result without
+/// reading them).
+const NO_MASK: u8 = 0;
+const LABELS: u8 = 1;
+const ONE_REGION: u8 = 2;
+
+/// Where a wave's strips read from: the staged q, k, v tiles, the wave's
+/// bias strip buffer, the (type, head) bias tile in global memory, the
+/// window's labels.
 #[derive(Clone, Copy)]
 struct Tiles {
-    bias: *const u16,
+    q: *const u16,
     k: *const u16,
     v: *const u16,
+    buf: *mut u16,
+    bias: *const u16,
     labels: *const i32,
 }
 
-/// One 16-row query strip (rows `r0..r0 + 16`) of window `w`, head `h`:
-/// scores, softmax, `P V`, the output rows.
+/// The wave's query strips `wave, wave + 3, ..` of window `w`, head `h`:
+/// scores, softmax, `P V`, the output rows. The first strip's bias rows
+/// are in flight to `l.buf` (and every wave passed the barrier after the
+/// staging).
 #[inline(always)]
-#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
-fn strip<M: Mma, const MODE: u8>(
-    a: &Args,
-    l: Tiles,
-    q0: M::A,
-    q1: M::A,
-    r0: usize,
-    w: usize,
-    h: usize,
-) {
+#[allow(clippy::needless_range_loop)]
+fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: usize) {
     let ch = a.heads as usize * D;
-    let mut lrow = [0i32; MAX_ROWS];
-    if MODE == LABELS {
-        for r in 0..M::ROWS {
-            // SAFETY: row r0 + slot_row(r) < 144 of the labels.
-            lrow[r] = unsafe { l.labels.add(r0 + M::slot_row(r) as usize).read() };
-        }
-    }
-    // Per 16-key tile: the scores, then z in place, and the max of each of
-    // the lane's rows.
-    let mut s = [M::zero(); STRIPS];
-    let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
-    crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-        // SAFETY: every tile read lies in the staged k (16-byte aligned rows
-        // of LS halves in workgroup memory).
-        let (k0, k1) = unsafe {
-            let p = l.k.add(16 * n * LS);
-            (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS))
+    let mut strip = wave;
+    while strip < STRIPS {
+        let r0 = 16 * strip;
+        // The strip's bias rows, fetched during the previous strip.
+        gpu::copy_to_workgroup_wait();
+        gpu::wave_barrier();
+        // SAFETY: every tile read below lies in the staged q, k, v (16-byte
+        // aligned rows of LS halves in workgroup memory).
+        let (q0, q1) = unsafe {
+            (
+                M::load_a(l.q.add(r0 * LS), LS),
+                M::load_a(l.q.add(r0 * LS + 16), LS),
+            )
         };
-        s[n] = M::mma(q1, k1, M::mma(q0, k0, M::zero()));
-        let acc = s[n].as_mut();
-        let mut e = 0;
-        while e < M::ACC_LEN {
-            let i = r0 + M::acc_row(e) as usize;
-            let j = 16 * n + M::acc_col(e) as usize;
-            // SAFETY: (i, j..j + 2) lies in the bias tile; j is even, so the
-            // pair is 4-byte aligned.
-            let b = widen2(unsafe { l.bias.add(bias_at(i, j)).cast::<u32>().read() });
-            for x in 0..2 {
-                let z = match MODE {
-                    NO_MASK => gpu::fma(acc[e + x], a.scale, b[x]),
-                    ONE_REGION => gpu::fma(acc[e + x], a.scale, 0.0) + b[x],
-                    _ => {
-                        // SAFETY: j + x < 144.
-                        let lc = unsafe { l.labels.add(j + x).read() };
-                        let m = if lc == lrow[M::acc_slot(e)] { 0.0 } else { ATTN_MASK_NEG };
-                        gpu::fma(acc[e + x], a.scale, m) + b[x]
-                    }
-                };
-                acc[e + x] = z;
-                let r = M::acc_slot(e);
-                mx[r] = mx[r].max(z);
+        let mut lrow = [0i32; MAX_ROWS];
+        if MODE == LABELS {
+            for r in 0..M::ROWS {
+                // SAFETY: row r0 + slot_row(r) < 144 of the labels.
+                lrow[r] = unsafe { l.labels.add(r0 + M::slot_row(r) as usize).read() };
             }
-            e += 2;
         }
-    });
-    let mut neg_ml = [0.0f32; MAX_ROWS];
-    for r in 0..M::ROWS {
-        neg_ml[r] = -(M::row_max(mx[r]) * core::f32::consts::LOG2_E);
-    }
-    let mut sum = [0.0f32; MAX_ROWS];
-    let mut p = [M::to_a(M::zero()); STRIPS];
-    crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-        let acc = s[n].as_mut();
-        for e in 0..M::ACC_LEN {
-            let r = M::acc_slot(e);
-            let x = gpu::exp2_approx(gpu::fma(acc[e], core::f32::consts::LOG2_E, neg_ml[r]));
-            acc[e] = x;
-            sum[r] += x;
-        }
-        p[n] = M::to_a(s[n]);
-    });
-    let mut inv = [0.0f32; MAX_ROWS];
-    for r in 0..M::ROWS {
-        inv[r] = 1.0 / M::row_sum(sum[r]);
-    }
-    // Keeps the v reads here: hoisted above the softmax, they raised the
-    // register peak past gfx90a's 128 VGPRs (and spilled).
-    gpu::sched_barrier();
-    let (mut o0, mut o1) = (M::zero(), M::zero());
-    crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-        // SAFETY: as for the k tiles.
-        let (v0, v1) = unsafe {
-            let p = l.v.add(16 * n * LS);
-            (M::load_b(p, LS), M::load_b(p.add(16), LS))
-        };
-        o0 = M::mma(p[n], v0, o0);
-        o1 = M::mma(p[n], v1, o1);
-        // One tile's v reads at a time on AMD: gfx908 budgets 64 VGPRs (its
-        // MFMA results live in AGPRs), and all nine tiles' reads hoisted
-        // together spilled there.
-        gpu::sched_barrier();
-    });
-    for (half, o) in [o0, o1].iter().enumerate() {
-        let o = o.as_ref();
-        let mut e = 0;
-        while e < M::ACC_LEN {
-            let i = r0 + M::acc_row(e) as usize;
-            let d = 16 * half + M::acc_col(e) as usize;
-            let r = M::acc_slot(e);
-            let pair = pack2(o[e] * inv[r], o[e + 1] * inv[r]);
-            // SAFETY: token (w, i), channel h * 32 + d of the output
-            // (caller); d even, so 4-byte aligned.
-            unsafe {
-                a.out
-                    .add((w * T + i) * ch + h * D + d)
-                    .cast::<u32>()
-                    .write(pair)
+        // Per 16-key tile: the scores, then z in place, and the max of each
+        // of the lane's rows.
+        let mut s = [M::zero(); STRIPS];
+        let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
+        crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+            // SAFETY: as above.
+            let (k0, k1) = unsafe {
+                let p = l.k.add(16 * n * LS);
+                (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS))
             };
-            e += 2;
+            s[n] = M::mma(q1, k1, M::mma(q0, k0, M::zero()));
+            let acc = s[n].as_mut();
+            let mut e = 0;
+            while e < M::ACC_LEN {
+                let i = M::acc_row(e) as usize;
+                let j = 16 * n + M::acc_col(e) as usize;
+                // SAFETY: (i, j..j + 2) lies in the buffered bias strip; j is
+                // even, so the pair is 4-byte aligned.
+                let b = widen2(unsafe { l.buf.add(i * BS + j).cast::<u32>().read() });
+                for x in 0..2 {
+                    let z = match MODE {
+                        NO_MASK => gpu::fma(acc[e + x], a.scale, b[x]),
+                        ONE_REGION => gpu::fma(acc[e + x], a.scale, 0.0) + b[x],
+                        _ => {
+                            // SAFETY: j + x < 144.
+                            let lc = unsafe { l.labels.add(j + x).read() };
+                            let m = if lc == lrow[M::acc_slot(e)] { 0.0 } else { ATTN_MASK_NEG };
+                            gpu::fma(acc[e + x], a.scale, m) + b[x]
+                        }
+                    };
+                    acc[e + x] = z;
+                    let r = M::acc_slot(e);
+                    mx[r] = mx[r].max(z);
+                }
+                e += 2;
+            }
+        });
+        // Every lane is done with the buffer: fetch the wave's next strip
+        // while this one finishes.
+        gpu::wave_barrier();
+        if strip + (ATTN_WAVES as usize) < STRIPS {
+            // SAFETY: as for the first strip.
+            unsafe { prefetch_bias(l.bias, l.buf, strip + ATTN_WAVES as usize) };
         }
+        let mut neg_ml = [0.0f32; MAX_ROWS];
+        for r in 0..M::ROWS {
+            neg_ml[r] = -(M::row_max(mx[r]) * core::f32::consts::LOG2_E);
+        }
+        let mut sum = [0.0f32; MAX_ROWS];
+        let mut p = [M::to_a(M::zero()); STRIPS];
+        crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+            let acc = s[n].as_mut();
+            for e in 0..M::ACC_LEN {
+                let r = M::acc_slot(e);
+                let x = gpu::exp2_approx(gpu::fma(acc[e], core::f32::consts::LOG2_E, neg_ml[r]));
+                acc[e] = x;
+                sum[r] += x;
+            }
+            p[n] = M::to_a(s[n]);
+        });
+        let mut inv = [0.0f32; MAX_ROWS];
+        for r in 0..M::ROWS {
+            inv[r] = 1.0 / M::row_sum(sum[r]);
+        }
+        // Keeps the v reads here: hoisted above the softmax, they raised the
+        // register peak past gfx90a's 128 VGPRs (and spilled).
+        gpu::sched_barrier();
+        let (mut o0, mut o1) = (M::zero(), M::zero());
+        crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+            // SAFETY: as for the k tiles.
+            let (v0, v1) = unsafe {
+                let p = l.v.add(16 * n * LS);
+                (M::load_b(p, LS), M::load_b(p.add(16), LS))
+            };
+            o0 = M::mma(p[n], v0, o0);
+            o1 = M::mma(p[n], v1, o1);
+            // One tile's v reads at a time on AMD: gfx908 budgets 64 VGPRs
+            // (its MFMA results live in AGPRs), and all nine tiles' reads
+            // hoisted together spilled there.
+            gpu::sched_barrier();
+        });
+        for (half, o) in [o0, o1].iter().enumerate() {
+            let o = o.as_ref();
+            let mut e = 0;
+            while e < M::ACC_LEN {
+                let i = r0 + M::acc_row(e) as usize;
+                let d = 16 * half + M::acc_col(e) as usize;
+                let r = M::acc_slot(e);
+                let pair = pack2(o[e] * inv[r], o[e + 1] * inv[r]);
+                // SAFETY: token (w, i), channel h * 32 + d of the output
+                // (caller); d even, so 4-byte aligned.
+                unsafe {
+                    a.out
+                        .add((w * T + i) * ch + h * D + d)
+                        .cast::<u32>()
+                        .write(pair)
+                };
+                e += 2;
+            }
+        }
+        strip += ATTN_WAVES as usize;
     }
 }
 
@@ -380,112 +390,62 @@ impl<const MASK: bool, const FAST: bool> MatrixKernel for Attention<MASK, FAST> 
         let a = self.0;
         let heads = crate::math::divisor(a.heads);
         let tile = gpu::block_id();
-        let (chunk, h) = ((tile / heads) as usize, (tile % heads) as usize);
-        let first = chunk * a.run as usize;
-        let end = (first + a.run as usize).min(a.windows as usize);
-        let ch = a.heads as usize * D;
+        let (w, h) = ((tile / heads) as usize, (tile % heads) as usize);
         let lds = gpu::workgroup_mem::<u16>();
-        let lb = lds;
-        let lk = lds.wrapping_add(ATTN_K_OFFSET as usize / 2);
         let lab = lds.wrapping_add(ATTN_LABEL_OFFSET as usize / 2).cast::<i32>();
-        let tiles = Tiles {
-            bias: lb,
-            k: lk,
-            v: lk.wrapping_add(T * LS),
+        // SAFETY: w < windows: the tables hold one entry per window.
+        let (ty, sl) = unsafe {
+            super::bias_mask_add::lookup::<MASK>(a.types, a.slots, w as u32, a.n_types, a.n_slots)
+        };
+        if MASK {
+            // SAFETY: `lookup` trapped on slots out of range; the slot's
+            // labels lie in `labels` (caller).
+            unsafe { copy_labels(a.labels.add(sl as usize * T), lab) };
+        }
+        // SAFETY: one workgroup per (window, head) (caller). Both wait for
+        // this thread's copies, the labels' among them.
+        unsafe {
+            if a.qkv_bias.is_null() {
+                copy(&a, lds, w, h)
+            } else {
+                stage::<true>(&a, lds, w, h);
+                gpu::copy_to_workgroup_wait();
+            }
+        };
+        // SAFETY: `lookup` trapped on types out of range.
+        let bp = unsafe { a.bias.add((ty as usize * a.heads as usize + h) * T * T) };
+        let wave = gpu::wave_uniform(gpu::thread_id() / gpu::wave_size()) as usize;
+        let buf = lds.wrapping_add(3 * T * LS + wave * 16 * BS);
+        // SAFETY: the wave's buffer; its first strip.
+        unsafe { prefetch_bias(bp, buf, wave) };
+        gpu::barrier();
+        let l = Tiles {
+            q: lds,
+            k: lds.wrapping_add(T * LS),
+            v: lds.wrapping_add(2 * T * LS),
+            buf,
+            bias: bp,
             labels: lab,
         };
-        let wave = gpu::wave_uniform(gpu::thread_id() / gpu::wave_size()) as usize;
-        let has_qb = !a.qkv_bias.is_null();
-        let zero_a = M::to_a(M::zero());
-        // The q strip `strip` of window `w`, straight from global memory,
-        // plus the q part of the QKV bias (stride 0: every row the same;
-        // read again each time rather than held in registers).
-        let load_q = |w: usize, strip: usize| {
-            // SAFETY: rows 16 strip.. of window w < windows lie in qkv, and
-            // head h's 32 q-bias halves in qkv_bias (caller); pairs 4-byte
-            // aligned, rows 8-byte aligned.
-            unsafe {
-                let p = a.qkv.add((w * T + 16 * strip) * 3 * ch + h * D);
-                let (q0, q1) = (M::load_a_global(p, 3 * ch), M::load_a_global(p.add(16), 3 * ch));
-                if has_qb {
-                    let b = a.qkv_bias.add(h * D);
-                    (
-                        M::add_a(q0, M::load_a_global(b, 0)),
-                        M::add_a(q1, M::load_a_global(b.add(16), 0)),
-                    )
-                } else {
-                    (q0, q1)
-                }
-            }
-        };
-        let mut qn = if first < end { load_q(first, wave) } else { (zero_a, zero_a) };
-        let mut cached = u32::MAX;
-        let mut w = first;
-        while w < end {
-            // SAFETY: w < windows: the tables hold one entry per window.
-            let (ty, sl) = unsafe {
-                super::bias_mask_add::lookup::<MASK>(a.types, a.slots, w as u32, a.n_types, a.n_slots)
-            };
-            // Every wave is done with the previous window's tiles.
-            gpu::barrier();
-            if ty != cached {
-                // SAFETY: `lookup` trapped on types out of range; the tile
-                // lies in the bias (caller).
-                unsafe { copy_bias(a.bias.add((ty as usize * a.heads as usize + h) * T * T), lb) };
-                cached = ty;
-            }
-            // SAFETY: as for `stage_kv` / `copy_kv` (caller).
-            unsafe {
-                if has_qb {
-                    stage_kv(&a, lk, w, h)
-                } else {
-                    copy_kv(&a, lk, w, h)
-                }
-            };
-            if MASK {
-                // SAFETY: `lookup` trapped on slots out of range; the slot's
-                // labels lie in `labels` (caller).
-                unsafe { copy_labels(a.labels.add(sl as usize * T), lab) };
-            }
-            gpu::copy_to_workgroup_wait();
-            gpu::barrier();
-            let uniform = MASK && FAST && one_region(lab);
-            let mut s = wave;
-            while s < STRIPS {
-                let (q0, q1) = qn;
-                // The next strip's q, one strip ahead (the next window's
-                // first after the last).
-                let (nw, ns) = if s + (ATTN_WAVES as usize) < STRIPS {
-                    (w, s + ATTN_WAVES as usize)
-                } else {
-                    (w + 1, wave)
-                };
-                if nw < end {
-                    qn = load_q(nw, ns);
-                }
-                if !MASK {
-                    strip::<M, NO_MASK>(&a, tiles, q0, q1, 16 * s, w, h);
-                } else if uniform {
-                    strip::<M, ONE_REGION>(&a, tiles, q0, q1, 16 * s, w, h);
-                } else {
-                    strip::<M, LABELS>(&a, tiles, q0, q1, 16 * s, w, h);
-                }
-                s += ATTN_WAVES as usize;
-            }
-            w += 1;
+        if !MASK {
+            strips::<M, NO_MASK>(&a, l, wave, w, h);
+        } else if FAST && one_region(lab) {
+            strips::<M, ONE_REGION>(&a, l, wave, w, h);
+        } else {
+            strips::<M, LABELS>(&a, l, wave, w, h);
         }
     }
 }
 
-/// One workgroup per head and run of `run` consecutive windows.
+/// One workgroup per (window, head).
 ///
 /// # Safety
 /// `qkv` valid for `windows * 144 * 3 * heads * 32` halves and `out` for a
 /// third of that, `qkv_bias` null or valid for `3 * heads * 32`, `bias`
 /// for `n_types * heads * 144 * 144`, `labels` for `n_slots * 144` when
 /// `MASK`, `types` (and `slots`) for `windows` entries, all 16-byte
-/// aligned; `heads >= 1`, `run >= 1`; launched with
-/// `ceil(windows / run) * heads` workgroups of [`ATTN_WAVES`] waves and
+/// aligned; `heads >= 1`; launched with `windows * heads` workgroups of
+/// [`ATTN_WAVES`] waves and
 /// [`ATTN_SHARED_BYTES`](wavefuse_shared::geometry::ATTN_SHARED_BYTES) of
 /// workgroup memory.
 #[inline(always)]
@@ -498,9 +458,7 @@ pub unsafe fn window_attention<const MASK: bool, const FAST: bool>(
     labels: *const i32,
     types: *const i32,
     slots: *const i32,
-    windows: u32,
     heads: u32,
-    run: u32,
     n_types: u32,
     n_slots: u32,
     scale: f32,
@@ -513,9 +471,7 @@ pub unsafe fn window_attention<const MASK: bool, const FAST: bool>(
         labels,
         types,
         slots,
-        windows,
         heads,
-        run,
         n_types,
         n_slots,
         scale,
@@ -524,25 +480,17 @@ pub unsafe fn window_attention<const MASK: bool, const FAST: bool>(
 
 kernel! {
     /// Window attention with the earth bias (no mask).
-    pub fn wf_window_attention_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, windows: u32, heads: u32, run: u32, n_types: u32, n_slots: u32, scale: f32) {
+    pub fn wf_window_attention_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32) {
         // SAFETY: extents, alignment and tables checked by the host API.
-        unsafe { window_attention::<false, false>(qkv, qkv_bias, out, bias, labels, types, slots, windows, heads, run, n_types, n_slots, scale) }
+        unsafe { window_attention::<false, false>(qkv, qkv_bias, out, bias, labels, types, slots, heads, n_types, n_slots, scale) }
     }
 }
 
 kernel! {
     /// Window attention with the earth bias and the shifted-window mask
     /// from region labels.
-    pub fn wf_window_attention_mask_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, windows: u32, heads: u32, run: u32, n_types: u32, n_slots: u32, scale: f32) {
+    pub fn wf_window_attention_mask_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32) {
         // SAFETY: extents, alignment and tables checked by the host API.
-        unsafe { window_attention::<true, true>(qkv, qkv_bias, out, bias, labels, types, slots, windows, heads, run, n_types, n_slots, scale) }
-    }
-}
-
-kernel! {
-    /// EXPERIMENT: labels path for every window.
-    pub fn wf_window_attention_mask_144_slow(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, windows: u32, heads: u32, run: u32, n_types: u32, n_slots: u32, scale: f32) {
-        // SAFETY: extents, alignment and tables checked by the host API.
-        unsafe { window_attention::<true, false>(qkv, qkv_bias, out, bias, labels, types, slots, windows, heads, run, n_types, n_slots, scale) }
+        unsafe { window_attention::<true, true>(qkv, qkv_bias, out, bias, labels, types, slots, heads, n_types, n_slots, scale) }
     }
 }

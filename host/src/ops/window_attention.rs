@@ -62,7 +62,7 @@ use crate::device::AsStream;
 use crate::registry::{In, launch};
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_shared::geometry::{ATTN_HEAD_DIM, ATTN_RUN, ATTN_SHARED_BYTES, ATTN_T, ATTN_WAVES};
+use wavefuse_shared::geometry::{ATTN_HEAD_DIM, ATTN_SHARED_BYTES, ATTN_T, ATTN_WAVES};
 
 /// Head dimensions with a kernel.
 pub const ATTN_HEAD_DIMS: [usize; 1] = [ATTN_HEAD_DIM as usize];
@@ -232,15 +232,8 @@ pub fn window_attention(
         return Ok(());
     }
     let block = ATTN_WAVES * c.q.info().wave;
-    let run = ATTN_RUN as usize;
-    let tiles = windows
-        .div_ceil(run)
-        .checked_mul(heads)
-        .ok_or_else(|| overflow("qkv"))?;
-    let grid = c.grid(windows, tiles, block)?;
-    // windows * 144 * 3C halves fit a slice, so windows fits u32 only
-    // with C >= 32: checked, not assumed.
-    let n_windows = u32::try_from(windows).map_err(|_| overflow("qkv"))?;
+    let tiles = windows.checked_mul(heads).ok_or_else(|| overflow("qkv"))?;
+    let grid = c.grid(tiles, tiles, block)?;
     let l = Launch {
         grid: (grid, 1),
         block,
@@ -252,8 +245,8 @@ pub fn window_attention(
         launch::wf_window_attention_144
     };
     // SAFETY: lengths, tables and labels (validated at construction),
-    // alignment, devices and aliasing checked above; the workgroup memory,
-    // block size and run are the kernel's (wavefuse_shared::geometry).
+    // alignment, devices and aliasing checked above; the workgroup memory
+    // and block size are the kernel's (wavefuse_shared::geometry).
     unsafe {
         kernel(
             c.q,
@@ -265,9 +258,7 @@ pub fn window_attention(
             labels,
             ab.ty.table().arg(),
             slot,
-            n_windows,
             heads as u32,
-            ATTN_RUN,
             ab.ty.bound() as u32,
             n_slots,
             p.scale,
