@@ -20,11 +20,11 @@ ROW_BLOCK = 256  # wavefuse_shared::layout::ROW_BLOCK
 # its workgroup memory (q, k, v tiles of 144 rows at a 40-half stride, then
 # each warp's 16-row bias buffer at a 152-half stride): 48 KiB.
 ATTN_WAVES = 3
-# wavefuse_shared::geometry: ATTN_RUN consecutive windows per workgroup, and
-# its workgroup memory (the 144 x 144 f16 bias tile, the k and v tiles of
-# 144 rows at a 40-half stride, 144 i32 region labels): 65,088 bytes.
-ATTN_RUN = 8
-ATTN_SHARED_BYTES = 144 * 144 * 2 + 2 * 144 * 40 * 2 + 144 * 4
+# wavefuse_shared::geometry: ATTN_WAVES warps per (window, head) workgroup and
+# its workgroup memory (q, k, v tiles of 144 rows at a 40-half stride, each
+# warp's 16-row bias buffer at a 152-half stride, then the window's 144
+# int32 region labels): 49,728 bytes.
+ATTN_SHARED_BYTES = 3 * 144 * 40 * 2 + ATTN_WAVES * 16 * 152 * 2 + 144 * 4
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
@@ -106,14 +106,12 @@ def gather(drv, table):
     return fn
 
 
-def window_attention(drv, windows, heads, n_types, n_slots, name="wf_window_attention_mask_144",
-                     run=ATTN_RUN):
+def window_attention(drv, windows, heads, n_types, n_slots, name="wf_window_attention_mask_144"):
     """(qkv, bias, mask, type_idx, slot_idx, labels) -> out [windows*144,
     32*heads], like peers.make_window_attention (scale 32^-0.5, no QKV
     bias); the kernel reads the mask as the int32 region labels [slots,
     144] (mask is their tile form, for PyTorch); the int64 maps become the
-    int32 tables the kernel reads (converted once per map tensor). `run`:
-    consecutive windows per workgroup."""
+    int32 tables the kernel reads (converted once per map tensor)."""
     scale = ctypes.c_float(32 ** -0.5)
     tables = {}
 
@@ -123,10 +121,9 @@ def window_attention(drv, windows, heads, n_types, n_slots, name="wf_window_atte
             tables[key] = (type_idx.to(torch.int32).contiguous(), slot_idx.to(torch.int32).contiguous())
         ty, sl = tables[key]
         out = torch.empty((windows * 144, 32 * heads), device=qkv.device, dtype=qkv.dtype)
-        drv.launch(name, -(-windows // run) * heads, ATTN_WAVES * 32,
+        drv.launch(name, windows * heads, ATTN_WAVES * 32,
                    [ptr(qkv), ctypes.c_uint64(0), ptr(out), ptr(bias), ptr(labels), ptr(ty), ptr(sl),
-                    ctypes.c_uint32(windows), ctypes.c_uint32(heads), ctypes.c_uint32(run),
-                    ctypes.c_uint32(n_types), ctypes.c_uint32(n_slots), scale],
+                    ctypes.c_uint32(heads), ctypes.c_uint32(n_types), ctypes.c_uint32(n_slots), scale],
                    shared=ATTN_SHARED_BYTES)
         return out
     return fn

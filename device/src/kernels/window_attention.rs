@@ -316,6 +316,11 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
                 }
                 e += 2;
             }
+            if MODE == LABELS {
+                // One tile's label reads at a time on AMD: hoisted together
+                // they spilled on gfx908 (64 VGPRs besides the AGPRs).
+                gpu::sched_barrier();
+            }
         });
         // Every lane is done with the buffer: fetch the wave's next strip
         // while this one finishes.
