@@ -120,6 +120,11 @@ fn make_case(
 }
 
 fn run(dev: &Device, c: &Case) -> Result<Vec<f16>, String> {
+    run_with(dev, c, None)
+}
+
+/// [`run`] with `labels` in place of the case's (same slots).
+fn run_with(dev: &Device, c: &Case, labels: Option<&RegionLabels>) -> Result<Vec<f16>, String> {
     let e = |e: Error| e.to_string();
     let x = dev.upload(&c.qkv).map_err(e)?;
     let qb = c
@@ -139,7 +144,10 @@ fn run(dev: &Device, c: &Case) -> Result<Vec<f16>, String> {
     };
     let (bv, qbv) = (bd.view(), qb.as_ref().map(|b| b.view()));
     let mask = match (&ld, &sl) {
-        (Some(labels), Some(slot)) => Some(RegionMask { labels, slot }),
+        (Some(own), Some(slot)) => Some(RegionMask {
+            labels: labels.unwrap_or(own),
+            slot,
+        }),
         _ => None,
     };
     let ab = WindowBias {
@@ -563,6 +571,43 @@ fn rejects_bad_region_labels() {
     bad(RegionLabels::new(&d, &[0; T], 0), "tokens");
     let ok = RegionLabels::new(&d, &[3; 2 * T], T).expect("labels");
     assert_eq!((ok.slots(), ok.tokens()), (2, T));
+    // A mask tile that is not a region mask has no labels.
+    let mut m = RegionLabels::mask_tile(&labels(&mut Rng(37), 2), T)
+        .iter()
+        .map(|v| v.to_f32())
+        .collect::<Vec<_>>();
+    m[T * T + 5 * T + 9] = if m[T * T + 5 * T + 9] == 0.0 { -100.0 } else { 0.0 };
+    bad(RegionLabels::from_mask(&d, &m, T), "mask");
+    m[T * T + 5 * T + 9] = -50.0;
+    bad(RegionLabels::from_mask(&d, &m, T), "mask");
+    bad(RegionLabels::from_mask(&d, &m[..T * T - 1], T), "mask");
+    bad(RegionLabels::from_mask(&d, &m, 0), "tokens");
+}
+
+#[test]
+fn labels_from_a_region_mask_give_the_same_attention() {
+    // Labels read back from the tile form (first token of each region)
+    // differ from the originals but give the same mask, hence the same
+    // bits out of the kernel.
+    let c = make_case(38, 3, 1, 1, Some(4), 1.0, false, 0);
+    let Some((l, _, _)) = &c.mask else {
+        unreachable!()
+    };
+    let tile: Vec<f32> = RegionLabels::mask_tile(l, T)
+        .iter()
+        .map(|v| v.to_f32())
+        .collect();
+    for dev in devices() {
+        let from = RegionLabels::from_mask(&dev, &tile, T).expect("a region mask");
+        assert_eq!((from.slots(), from.tokens()), (4, T));
+        let a = run(&dev, &c).expect("launch");
+        let b = run_with(&dev, &c, Some(&from)).expect("launch");
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{}",
+            dev.info().name
+        );
+    }
 }
 
 #[test]

@@ -74,6 +74,58 @@ impl RegionLabels {
         })
     }
 
+    /// The labels a mask tile stands for, validated and uploaded: `masks`
+    /// `[slots, tokens, tokens]` must be exactly a region mask (0 where
+    /// two tokens share a region, -100 otherwise, as the planner's and
+    /// Swin's masks are); each token gets the index of the first token of
+    /// its region as its label.
+    ///
+    /// Errors ([`Error::BadParameter`]): as for [`RegionLabels::new`]
+    /// (`what == "tokens"` or `"mask"` for a length that is not whole
+    /// slots), and a mask that is not a region mask (`what == "mask"`,
+    /// naming the first entry that differs from the region mask of the
+    /// labels read from it).
+    pub fn from_mask(dev: &Device, masks: &[f32], tokens: usize) -> Result<RegionLabels> {
+        const OP: &str = "region_labels";
+        let t2 = tokens.saturating_mul(tokens);
+        if tokens == 0 || masks.is_empty() || !masks.len().is_multiple_of(t2) {
+            return Err(Error::BadParameter {
+                op: OP,
+                what: if tokens == 0 { "tokens" } else { "mask" },
+                value: format!("{} values, {tokens} tokens per window", masks.len()),
+                why: "must be one or more whole [tokens, tokens] slots",
+            });
+        }
+        let mut labels = Vec::with_capacity(masks.len() / tokens);
+        for (sl, m) in masks.chunks_exact(t2).enumerate() {
+            let base = labels.len();
+            for row in m.chunks_exact(tokens) {
+                // The first key of the query's region (< tokens).
+                let first = row.iter().position(|&v| v == 0.0).unwrap_or(tokens);
+                labels.push(first as i32);
+            }
+            let l = &labels[base..];
+            for (i, row) in m.chunks_exact(tokens).enumerate() {
+                for (j, &v) in row.iter().enumerate() {
+                    let want = if l[i] == l[j] && l[i] < tokens as i32 {
+                        0.0
+                    } else {
+                        ATTN_MASK_NEG
+                    };
+                    if v != want {
+                        return Err(Error::BadParameter {
+                            op: OP,
+                            what: "mask",
+                            value: format!("mask[{sl}][{i}][{j}] = {v}"),
+                            why: "not a region mask (0 within a region, -100 across)",
+                        });
+                    }
+                }
+            }
+        }
+        RegionLabels::new(dev, &labels, tokens)
+    }
+
     /// Mask slots (rows of labels).
     pub fn slots(&self) -> usize {
         self.labels.len() / self.tokens

@@ -95,17 +95,6 @@ pub trait Mma {
     /// # Safety
     /// As for [`Mma::load_a`].
     unsafe fn load_b(p: *const u16, stride: usize) -> Self::B;
-    /// Left operand read straight from memory of any kind (global or
-    /// workgroup) with plain loads: `A[i][k] = p[i * stride + k]`. A
-    /// `stride` of 0 repeats row 0 in every row (a row vector broadcast).
-    ///
-    /// # Safety
-    /// 16 rows of 16 halves readable at `p`, `stride` even, `p` 4-byte
-    /// aligned (8-byte aligned, `stride` a multiple of 4, on [`Wave64`]).
-    unsafe fn load_a_global(p: *const u16, stride: usize) -> Self::A;
-    /// `x + y` element by element, each sum rounded once to f16 (as
-    /// [`crate::gpu::add_h2`]).
-    fn add_a(x: Self::A, y: Self::A) -> Self::A;
     /// `c + a * b`.
     fn mma(a: Self::A, b: Self::B, c: Self::Acc) -> Self::Acc;
     /// The accumulator rounded to f16 (nearest-even) as a left operand:

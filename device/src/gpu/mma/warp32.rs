@@ -21,7 +21,7 @@
 //! column `l / 4`). The row addresses below pick the matrices so that the
 //! registers come out as the fragments above.
 use super::Mma;
-use crate::gpu::{add_h2, imp, pack2, shfl_xor_f32, thread_id};
+use crate::gpu::{imp, pack2, shfl_xor_f32, thread_id};
 
 /// NVIDIA's matrix unit for one warp (see the module docs).
 #[derive(Clone, Copy, Debug)]
@@ -119,31 +119,6 @@ impl Mma for Warp32 {
         let a = row_addr(p, stride, [0, 1, 0, 1], [0, 0, 1, 1]);
         // SAFETY: as for `load_a`.
         unsafe { imp::ldmatrix_x4_trans(a) }
-    }
-
-    #[inline(always)]
-    unsafe fn load_a_global(p: *const u16, stride: usize) -> [u32; 4] {
-        let l = lane() as usize;
-        let (g, t) = (l / 4, l % 4);
-        // SAFETY: (row, pair) of the tile (caller contract: readable, pairs
-        // 4-byte aligned).
-        let at = |r: usize, k: usize| unsafe { p.add(r * stride + k).cast::<u32>().read() };
-        [
-            at(g, 2 * t),
-            at(g + 8, 2 * t),
-            at(g, 2 * t + 8),
-            at(g + 8, 2 * t + 8),
-        ]
-    }
-
-    #[inline(always)]
-    fn add_a(x: [u32; 4], y: [u32; 4]) -> [u32; 4] {
-        [
-            add_h2(x[0], y[0]),
-            add_h2(x[1], y[1]),
-            add_h2(x[2], y[2]),
-            add_h2(x[3], y[3]),
-        ]
     }
 
     #[inline(always)]

@@ -17,7 +17,7 @@
 //! Loads are plain reads (`ds_read_b64` for the two contiguous forms, four
 //! `ds_read_u16` for [`Mma::load_b`]).
 use super::Mma;
-use crate::gpu::{add_h2, imp, pack2, shfl_xor_f32, thread_id};
+use crate::gpu::{imp, pack2, shfl_xor_f32, thread_id};
 
 /// AMD's matrix unit for one wavefront (see the module docs).
 #[derive(Clone, Copy, Debug)]
@@ -108,18 +108,6 @@ impl Mma for Wave64 {
         // SAFETY: rows k..k + 4, column j of the tile (caller contract).
         let h = |x: usize| u32::from(unsafe { p.add((k + x) * stride + j).read() });
         [h(0) | (h(1) << 16), h(2) | (h(3) << 16)]
-    }
-
-    #[inline(always)]
-    unsafe fn load_a_global(p: *const u16, stride: usize) -> [u32; 2] {
-        // The same plain reads as `load_a`, which works on any memory here.
-        // SAFETY: caller contract.
-        unsafe { Self::load_a(p, stride) }
-    }
-
-    #[inline(always)]
-    fn add_a(x: [u32; 2], y: [u32; 2]) -> [u32; 2] {
-        [add_h2(x[0], y[0]), add_h2(x[1], y[1])]
     }
 
     #[inline(always)]
