@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use wavefuse::{
     Affine, AttnBias, AttnMask, Choice, Device, DeviceBuffer, GatherPlan, GeluBias, GeluMode,
     QkvSplit, RegionLabels, RegionMask, WindowAttention, WindowBias, WindowTable,
-    add_layer_norm_to, bias_gelu, bias_mask_add,
-    bias_mask_softmax, f16, gather, layer_norm, layer_norm_gather, qkv_split, window_attention,
+    add_layer_norm_to, bias_gelu, bias_mask_add, bias_mask_softmax, f16, gather, layer_norm,
+    layer_norm_gather, qkv_split, window_attention,
 };
 
 pub struct Tensor<T> {

@@ -23,8 +23,8 @@ use common::{POISON, Rng, cpu, devices, oracle};
 use half::f16;
 use proptest::prelude::*;
 use wavefuse::{
-    Choice, Device, Error, RegionLabels, RegionMask, Wave, WindowAttention, WindowBias, WindowTable,
-    window_attention,
+    Choice, Device, Error, RegionLabels, RegionMask, Wave, WindowAttention, WindowBias,
+    WindowTable, window_attention,
 };
 
 const T: usize = 144;
@@ -188,7 +188,10 @@ fn check(dev: &Device, c: &Case) -> Result<f64, String> {
     let (heads, ch) = (c.p.heads, c.p.heads * D);
     let mut worst = 0.0f64;
     // The mask in its tile form (what PyTorch adds).
-    let tile = c.mask.as_ref().map(|(l, _, _)| RegionLabels::mask_tile(l, T));
+    let tile = c
+        .mask
+        .as_ref()
+        .map(|(l, _, _)| RegionLabels::mask_tile(l, T));
     for w in 0..c.windows {
         for h in 0..heads {
             let [q, k, v] = qkv_of(c, w, h);
@@ -328,10 +331,17 @@ fn planner_labels_give_the_planner_masks() {
     assert!(ms.n_slots > 1);
     let windows = plan.n_windows();
     let mut c = make_case(35, windows, 2, 1, Some(1), 1.5, true, 0);
-    c.mask = Some((ms.slot_labels.clone(), ms.window_to_slot.clone(), ms.n_slots));
+    c.mask = Some((
+        ms.slot_labels.clone(),
+        ms.window_to_slot.clone(),
+        ms.n_slots,
+    ));
     assert_eq!(
         RegionLabels::mask_tile(&ms.slot_labels, T),
-        ms.slot_masks.iter().map(|&m| f16::from_f32(m)).collect::<Vec<_>>()
+        ms.slot_masks
+            .iter()
+            .map(|&m| f16::from_f32(m))
+            .collect::<Vec<_>>()
     );
     for dev in devices() {
         check(&dev, &c).unwrap_or_else(|e| panic!("{e}"));
@@ -576,7 +586,11 @@ fn rejects_bad_region_labels() {
         .iter()
         .map(|v| v.to_f32())
         .collect::<Vec<_>>();
-    m[T * T + 5 * T + 9] = if m[T * T + 5 * T + 9] == 0.0 { -100.0 } else { 0.0 };
+    m[T * T + 5 * T + 9] = if m[T * T + 5 * T + 9] == 0.0 {
+        -100.0
+    } else {
+        0.0
+    };
     bad(RegionLabels::from_mask(&d, &m, T), "mask");
     m[T * T + 5 * T + 9] = -50.0;
     bad(RegionLabels::from_mask(&d, &m, T), "mask");

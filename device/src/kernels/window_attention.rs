@@ -397,7 +397,9 @@ impl<const MASK: bool, const FAST: bool> MatrixKernel for Attention<MASK, FAST> 
         let tile = gpu::block_id();
         let (w, h) = ((tile / heads) as usize, (tile % heads) as usize);
         let lds = gpu::workgroup_mem::<u16>();
-        let lab = lds.wrapping_add(ATTN_LABEL_OFFSET as usize / 2).cast::<i32>();
+        let lab = lds
+            .wrapping_add(ATTN_LABEL_OFFSET as usize / 2)
+            .cast::<i32>();
         // SAFETY: w < windows: the tables hold one entry per window.
         let (ty, sl) = unsafe {
             super::bias_mask_add::lookup::<MASK>(a.types, a.slots, w as u32, a.n_types, a.n_slots)

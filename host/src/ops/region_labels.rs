@@ -151,7 +151,10 @@ impl RegionLabels {
         let mut out = Vec::with_capacity(labels.len() * tokens);
         for slot in labels.chunks_exact(tokens.max(1)) {
             for &li in slot {
-                out.extend(slot.iter().map(|&lj| if li == lj { f16::ZERO } else { neg }));
+                out.extend(
+                    slot.iter()
+                        .map(|&lj| if li == lj { f16::ZERO } else { neg }),
+                );
             }
         }
         out
