@@ -62,8 +62,9 @@ Byte formulas (f16 = 2 bytes; must equal the harness's Case::bytes()):
   bias_mask_softmax NxH     the same as bias_mask_add
   softmax NxH               2 * 2*N*H*144*144
   window_attention NxH      qkv [N*144, 3*32*H] read and out [N*144, 32*H]
-                            written (8*N*144*32*H), plus the bias and mask
-                            tables read once as for bias_mask_add
+                            written (8*N*144*32*H), plus the bias tables
+                            read once as for bias_mask_add and the mask's
+                            int32 region labels (4*8*144)
 
 Shapes: "[R,C]" for row ops, "ZxHxWxC" (the unpadded grid) for the gather
 family, "NxH" (windows x heads) for the attention ops; the grids are
@@ -426,7 +427,7 @@ def attn_cases():
     for n, h, grid in ATTN:
         n_types = (grid[0] // WINDOW[0]) * (grid[1] // WINDOW[1])
         c = HEAD_DIM * h
-        nb = 8 * n * TOKENS * c + 2 * n_types * h * tt + 2 * N_SLOTS * tt
+        nb = 8 * n * TOKENS * c + 2 * n_types * h * tt + 4 * N_SLOTS * TOKENS
         holder = {}
 
         def make(n=n, h=h, c=c, grid=grid, holder=holder):

@@ -95,7 +95,7 @@ struct Args {
     scale: f32,
 }
 
-struct Attention<const MASK: bool, const FAST: bool>(Args);
+struct Attention<const MASK: bool>(Args);
 
 /// Copies the window's q, k and v rows of head `h` into workgroup memory
 /// (all loads issued before the stores), adding the QKV bias when `BIAS`.
@@ -389,7 +389,7 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
     }
 }
 
-impl<const MASK: bool, const FAST: bool> MatrixKernel for Attention<MASK, FAST> {
+impl<const MASK: bool> MatrixKernel for Attention<MASK> {
     #[inline(always)]
     fn run<M: Mma>(self) {
         let a = self.0;
@@ -436,7 +436,7 @@ impl<const MASK: bool, const FAST: bool> MatrixKernel for Attention<MASK, FAST> 
         };
         if !MASK {
             strips::<M, NO_MASK>(&a, l, wave, w, h);
-        } else if FAST && one_region(lab) {
+        } else if one_region(lab) {
             strips::<M, ONE_REGION>(&a, l, wave, w, h);
         } else {
             strips::<M, LABELS>(&a, l, wave, w, h);
@@ -457,7 +457,7 @@ impl<const MASK: bool, const FAST: bool> MatrixKernel for Attention<MASK, FAST> 
 /// workgroup memory.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn window_attention<const MASK: bool, const FAST: bool>(
+pub unsafe fn window_attention<const MASK: bool>(
     qkv: *const u16,
     qkv_bias: *const u16,
     out: *mut u16,
@@ -470,7 +470,7 @@ pub unsafe fn window_attention<const MASK: bool, const FAST: bool>(
     n_slots: u32,
     scale: f32,
 ) {
-    gpu::mma::run(Attention::<MASK, FAST>(Args {
+    gpu::mma::run(Attention::<MASK>(Args {
         qkv,
         qkv_bias,
         out,
@@ -489,7 +489,7 @@ kernel! {
     /// Window attention with the earth bias (no mask).
     pub fn wf_window_attention_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32) {
         // SAFETY: extents, alignment and tables checked by the host API.
-        unsafe { window_attention::<false, false>(qkv, qkv_bias, out, bias, labels, types, slots, heads, n_types, n_slots, scale) }
+        unsafe { window_attention::<false>(qkv, qkv_bias, out, bias, labels, types, slots, heads, n_types, n_slots, scale) }
     }
 }
 
@@ -498,6 +498,6 @@ kernel! {
     /// from region labels.
     pub fn wf_window_attention_mask_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32) {
         // SAFETY: extents, alignment and tables checked by the host API.
-        unsafe { window_attention::<true, true>(qkv, qkv_bias, out, bias, labels, types, slots, heads, n_types, n_slots, scale) }
+        unsafe { window_attention::<true>(qkv, qkv_bias, out, bias, labels, types, slots, heads, n_types, n_slots, scale) }
     }
 }

@@ -11,10 +11,10 @@
 //! the earth-specific bias [types, heads, 144, 144] f16 with its window ->
 //! type table and the optional shift mask as region labels with its
 //! window -> slot table ([`WindowBias`], [`RegionMask`]: the mask is 0
-//! between tokens of one region, -100 otherwise, exactly the tile
-//! [`RegionLabels::mask_tile`](crate::RegionLabels::mask_tile) writes for [`crate::bias_mask_softmax`]);
-//! `out` [windows * 144, C]
-//! f16, token-major, head-major within a token (`(attn @ v).transpose(1,
+//! between tokens of one region, -100 otherwise, exactly the tile that
+//! [`RegionLabels::mask_tile`](crate::RegionLabels::mask_tile) writes for
+//! [`crate::bias_mask_softmax`]); `out` [windows * 144, C] f16,
+//! token-major, head-major within a token (`(attn @ v).transpose(1,
 //! 2).reshape(B_, 144, C)`: what the output projection reads).
 //!
 //! Rounding contract (per query row `i`, key `j`):
