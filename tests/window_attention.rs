@@ -595,6 +595,10 @@ fn rejects_bad_region_labels() {
     m[T * T + 5 * T + 9] = -50.0;
     bad(RegionLabels::from_mask(&d, &m, T), "mask");
     bad(RegionLabels::from_mask(&d, &m[..T * T - 1], T), "mask");
+    // A query outside every region (its row all -100).
+    let mut m = vec![0.0f32; T * T];
+    m[3 * T..4 * T].fill(-100.0);
+    bad(RegionLabels::from_mask(&d, &m, T), "mask");
     bad(RegionLabels::from_mask(&d, &m, 0), "tokens");
 }
 

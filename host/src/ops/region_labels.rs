@@ -99,19 +99,24 @@ impl RegionLabels {
         let mut labels = Vec::with_capacity(masks.len() / tokens);
         for (sl, m) in masks.chunks_exact(t2).enumerate() {
             let base = labels.len();
-            for row in m.chunks_exact(tokens) {
-                // The first key of the query's region (< tokens).
-                let first = row.iter().position(|&v| v == 0.0).unwrap_or(tokens);
+            for (i, row) in m.chunks_exact(tokens).enumerate() {
+                // The first key of the query's region; none: the query is
+                // not in a region of its own (mask[i][i] != 0).
+                let Some(first) = row.iter().position(|&v| v == 0.0) else {
+                    return Err(Error::BadParameter {
+                        op: OP,
+                        what: "mask",
+                        value: format!("mask[{sl}][{i}] has no 0"),
+                        why: "not a region mask (0 within a region, -100 across)",
+                    });
+                };
+                // < tokens <= i32::MAX.
                 labels.push(first as i32);
             }
             let l = &labels[base..];
             for (i, row) in m.chunks_exact(tokens).enumerate() {
                 for (j, &v) in row.iter().enumerate() {
-                    let want = if l[i] == l[j] && l[i] < tokens as i32 {
-                        0.0
-                    } else {
-                        ATTN_MASK_NEG
-                    };
+                    let want = if l[i] == l[j] { 0.0 } else { ATTN_MASK_NEG };
                     if v != want {
                         return Err(Error::BadParameter {
                             op: OP,
