@@ -114,7 +114,7 @@ pub fn open(ordinal: usize) -> Result<Cuda> {
         let f = unsafe { cu::module::get_function(c.module, name) }
             .map_err(err("cuModuleGetFunction"))?;
         // Launches above 48 KiB of dynamic workgroup memory need the
-        // kernel's opt-in (window_attention takes 65,088 bytes); it only
+        // kernel's opt-in (window_attention takes ATTN_SHARED_BYTES); it only
         // raises the launch limit.
         // SAFETY: `f` is a function of the loaded module.
         unsafe {
