@@ -11,8 +11,11 @@ cargo build --release --bin wavefuse-suite
 cp target/release/wavefuse-suite bundle/bin/
 # Every test binary of the workspace, release profile (not the xtask's: its
 # manifest test reads the checkout, which the GPU host does not have).
-{ cargo test --release --workspace --exclude xtask --no-run --message-format=json 2>/dev/null
-  cargo bench --workspace --exclude xtask --no-run --message-format=json 2>/dev/null; } \
+# wavefuse-candle is left out: its GPU tests need its `cuda` feature and
+# travel in tools/candle-bundle.sh; built without it they refuse to run
+# when WAVEFUSE_REQUIRE names cuda (they did, in the eighth session's f1).
+{ cargo test --release --workspace --exclude xtask --exclude wavefuse-candle --no-run --message-format=json 2>/dev/null
+  cargo bench --workspace --exclude xtask --exclude wavefuse-candle --no-run --message-format=json 2>/dev/null; } \
   | python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:
@@ -90,8 +93,13 @@ if has sanitize; then
     echo "  tools run: ${WAVEFUSE_SANITIZE_TOOLS:-memcheck,racecheck,initcheck,synccheck}; binaries: ${WAVEFUSE_SANITIZE_ONLY:-every GPU test binary}"; } | tee -a "$out/sanitizer.txt"
   for tool in ${WAVEFUSE_SANITIZE_TOOLS//,/ }; do
     for t in "$here"/bin/test-*; do
-      n=$(basename "$t"); case "$n" in test-amd_static|test-emu|test-mma|test-oracle|test-stage|test-gather_guard|test-golden_mode|test-wavefuse-suite|test-*-lib|test-hip*) continue;; esac  # no GPU work in these (emulator / oracle / CPU candle tests; golden_mode drives the harness on the CPU backend)
+      n=$(basename "$t"); case "$n" in test-amd_static|test-emu|test-mma|test-gather_guard|test-golden_mode|test-wavefuse-suite|test-*-lib|test-hip*) continue;; esac  # no GPU work in these (emulator / oracle tests; golden_mode drives the harness on the CPU backend)
       [ -n "${WAVEFUSE_SANITIZE_ONLY:-}" ] && [[ ",$WAVEFUSE_SANITIZE_ONLY," != *",${n#test-},"* ]] && continue
+      # test-threads launches from six host threads at once, where racecheck
+      # loses track of a launch ("Internal Sanitizer Error: Detected a failure
+      # to track a kernel launch", counted as 1 error, eighth session f1); its
+      # kernels use no shared memory, so racecheck has nothing to inspect there.
+      [ "$tool" = racecheck ] && [ "$n" = test-threads ] && continue
       log="$out/san-backends-$tool.txt"
       WAVEFUSE_TEST_GPU_ONLY=1 WAVEFUSE_REQUIRE=cuda WAVEFUSE_BACKENDS_LOG="$log" compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=4 > "$out/san-$tool-$n.log" 2>&1
       rc=$?
