@@ -62,8 +62,9 @@ Byte formulas (f16 = 2 bytes; must equal the harness's Case::bytes()):
   bias_mask_softmax NxH     the same as bias_mask_add
   softmax NxH               2 * 2*N*H*144*144
   window_attention NxH      qkv [N*144, 3*32*H] read and out [N*144, 32*H]
-                            written (8*N*144*32*H), plus the bias and mask
-                            tables read once as for bias_mask_add
+                            written (8*N*144*32*H), plus the bias tables
+                            read once as for bias_mask_add and the mask's
+                            int32 region labels (4*8*144)
 
 Shapes: "[R,C]" for row ops, "ZxHxWxC" (the unpadded grid) for the gather
 family, "NxH" (windows x heads) for the attention ops; the grids are
@@ -89,7 +90,10 @@ Implementations worth knowing about:
   window_attention       Pangu's / Swin's WindowAttention.forward from the qkv
                          Linear output: reshape/permute to q, k, v, q * scale,
                          q @ k^T, + bias + mask as above, softmax, @ v,
-                         transpose(1, 2).reshape(N*144, C). Extra impl "sdpa":
+                         transpose(1, 2).reshape(N*144, C); the mask is the
+                         tile of random region labels (0 within a region,
+                         -100 across), which wavefuse reads as the labels
+                         themselves. Extra impl "sdpa":
                          F.scaled_dot_product_attention on the q, k, v views
                          with the bias + mask materialised once per input set
                          as an [N,H,144,144] f16 attn_mask (outside the timed
@@ -257,7 +261,7 @@ def make_window_attention(windows, heads):
     """Pangu's / Swin's window attention from the qkv Linear output."""
     scale = HEAD_DIM ** -0.5
 
-    def op_window_attention(qkv, bias, mask, type_idx, slot_idx):
+    def op_window_attention(qkv, bias, mask, type_idx, slot_idx, labels=None):
         t = qkv.view(windows, TOKENS, 3, heads, HEAD_DIM).permute(2, 0, 3, 1, 4)
         q, k, v = t[0] * scale, t[1], t[2]
         attn = bias_mask(q @ k.transpose(-2, -1), bias, mask, type_idx, slot_idx)
@@ -268,7 +272,7 @@ def make_window_attention(windows, heads):
 
 def make_window_attention_sdpa(windows, heads):
     """(prepare, fn): SDPA with the bias + mask materialised by prepare."""
-    def prepare(qkv, bias, mask, type_idx, slot_idx):
+    def prepare(qkv, bias, mask, type_idx, slot_idx, labels=None):
         t = qkv.view(windows, TOKENS, 3, heads, HEAD_DIM).permute(2, 0, 3, 1, 4)
         am = (bias[type_idx].view(windows, heads, TOKENS, TOKENS)
               + mask[slot_idx].view(windows, 1, TOKENS, TOKENS)).contiguous()
@@ -377,6 +381,18 @@ def window_maps(grid):
     return type_idx, slot_idx, nz * nh
 
 
+def region_labels(n_slots):
+    """(labels, mask): [n_slots, 144] int32 region labels (slot 0 one
+    region, as Pangu's inner windows; slot s > 0 tokens in 2 + s % 7 random
+    regions) and the f16 mask tile they stand for, [n_slots, 144, 144]: 0
+    between tokens of one region, -100 otherwise (Swin's / Pangu's)."""
+    regions = torch.tensor([1] + [2 + s % 7 for s in range(1, n_slots)], device=DEV).view(-1, 1)
+    labels = (torch.rand((n_slots, TOKENS), device=DEV) * regions).floor().clamp_max(regions - 1)
+    labels = labels.to(torch.int32).contiguous()
+    mask = torch.where(labels[:, :, None] == labels[:, None, :], 0.0, -100.0).to(F16)
+    return labels, mask
+
+
 def attn_cases():
     out = []
     for n, h, grid in ATTN:
@@ -411,7 +427,7 @@ def attn_cases():
     for n, h, grid in ATTN:
         n_types = (grid[0] // WINDOW[0]) * (grid[1] // WINDOW[1])
         c = HEAD_DIM * h
-        nb = 8 * n * TOKENS * c + 2 * n_types * h * tt + 2 * N_SLOTS * tt
+        nb = 8 * n * TOKENS * c + 2 * n_types * h * tt + 4 * N_SLOTS * TOKENS
         holder = {}
 
         def make(n=n, h=h, c=c, grid=grid, holder=holder):
@@ -420,10 +436,8 @@ def attn_cases():
             type_idx, slot_idx, n_types = holder["maps"]
             qkv = randn((n * TOKENS, 3 * c))
             bias = randn((n_types, h, TOKENS, TOKENS), 0.5)
-            mask = torch.where(torch.rand((N_SLOTS, TOKENS, TOKENS), device=DEV) < 0.25,
-                               -100.0, 0.0).to(F16)
-            mask[0].zero_()
-            return (qkv, bias, mask, type_idx, slot_idx)
+            labels, mask = region_labels(N_SLOTS)
+            return (qkv, bias, mask, type_idx, slot_idx, labels)
 
         extra = {"n_types": n_types, "n_slots": N_SLOTS}
         out.append(Case("window_attention", f"{n}x{h}", nb, make_window_attention(n, h), make,

@@ -20,7 +20,12 @@ ROW_BLOCK = 256  # wavefuse_shared::layout::ROW_BLOCK
 # its workgroup memory (q, k, v tiles of 144 rows at a 40-half stride, then
 # each warp's 16-row bias buffer at a 152-half stride): 48 KiB.
 ATTN_WAVES = 3
-ATTN_SHARED_BYTES = 3 * 144 * 40 * 2 + ATTN_WAVES * 16 * 152 * 2
+# wavefuse_shared::geometry: ATTN_WAVES warps per (window, head) workgroup and
+# its workgroup memory (q, k, v tiles of 144 rows at a 40-half stride, each
+# warp's 16-row bias buffer at a 152-half stride, then the window's 144
+# int32 region labels): 49,728 bytes.
+ATTN_SHARED_BYTES = 3 * 144 * 40 * 2 + ATTN_WAVES * 16 * 152 * 2 + 144 * 4
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
 class Driver:
@@ -34,6 +39,7 @@ class Driver:
         self._check(self.cu.cuModuleLoadData(ctypes.byref(self.mod), ctypes.c_char_p(ptx)),
                     "cuModuleLoadData")
         self.funcs = {}
+        self.raised = set()
         self.cu.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
             ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
 
@@ -51,10 +57,16 @@ class Driver:
 
     def launch(self, name, grid, block, args, shared=0):
         """args: ctypes scalars (c_uint64 for pointers and u64, c_uint32,
-        c_float); shared: launch-sized workgroup memory in bytes."""
+        c_float); shared: launch-sized workgroup memory in bytes (above 48
+        KiB the kernel's limit is raised first, as the host crate does)."""
+        f = self.func(name)
+        if shared > 48 * 1024 and (name, shared) not in self.raised:
+            self._check(self.cu.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                   ctypes.c_int(shared)), "cuFuncSetAttribute")
+            self.raised.add((name, shared))
         params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self._check(self.cu.cuLaunchKernel(self.func(name), grid, 1, 1, block, 1, 1, shared, stream,
+        self._check(self.cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, shared, stream,
                                            params, None), f"cuLaunchKernel({name})")
 
 
@@ -95,21 +107,22 @@ def gather(drv, table):
 
 
 def window_attention(drv, windows, heads, n_types, n_slots, name="wf_window_attention_mask_144"):
-    """(qkv, bias, mask, type_idx, slot_idx) -> out [windows*144, 32*heads],
-    like peers.make_window_attention (scale 32^-0.5, no QKV bias); the
-    int64 maps become the int32 tables the kernel reads (converted once per
-    map tensor)."""
+    """(qkv, bias, mask, type_idx, slot_idx, labels) -> out [windows*144,
+    32*heads], like peers.make_window_attention (scale 32^-0.5, no QKV
+    bias); the kernel reads the mask as the int32 region labels [slots,
+    144] (mask is their tile form, for PyTorch); the int64 maps become the
+    int32 tables the kernel reads (converted once per map tensor)."""
     scale = ctypes.c_float(32 ** -0.5)
     tables = {}
 
-    def fn(qkv, bias, mask, type_idx, slot_idx):
+    def fn(qkv, bias, mask, type_idx, slot_idx, labels):
         key = (type_idx.data_ptr(), slot_idx.data_ptr())
         if key not in tables:
             tables[key] = (type_idx.to(torch.int32).contiguous(), slot_idx.to(torch.int32).contiguous())
         ty, sl = tables[key]
         out = torch.empty((windows * 144, 32 * heads), device=qkv.device, dtype=qkv.dtype)
         drv.launch(name, windows * heads, ATTN_WAVES * 32,
-                   [ptr(qkv), ctypes.c_uint64(0), ptr(out), ptr(bias), ptr(mask), ptr(ty), ptr(sl),
+                   [ptr(qkv), ctypes.c_uint64(0), ptr(out), ptr(bias), ptr(labels), ptr(ty), ptr(sl),
                     ctypes.c_uint32(heads), ctypes.c_uint32(n_types), ctypes.c_uint32(n_slots), scale],
                    shared=ATTN_SHARED_BYTES)
         return out

@@ -19,14 +19,15 @@
 //! | `qkv_split` | `qkv` [W*144, 3C] (`--heads H`) | `q`, `k`, `v` [W, H, 144, 32] |
 //! | `bias_mask_add` | `scores` [W, H, T, T], `bias` [types, H, T, T], `types` [W] [, `mask` [slots, T, T], `slots` [W]] | `scores` |
 //! | `bias_mask_softmax` | as `bias_mask_add` | `probs` |
-//! | `window_attention` | `qkv` [W*144, 3C] [, `qkv_bias` [3C]], `bias` [types, H, 144, 144], `types` [W] [, `mask` [slots, 144, 144], `slots` [W]] (`--heads H`, scale 32^-0.5) | `out` [W*144, C] |
+//! | `window_attention` | `qkv` [W*144, 3C] [, `qkv_bias` [3C]], `bias` [types, H, 144, 144], `types` [W] [, `labels` [slots, 144] i32 region labels (mask 0 within a region, -100 across), `slots` [W]] (`--heads H`, scale 32^-0.5) | `out` [W*144, C] |
 use npyz::WriterBuilder;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use wavefuse::{
     Affine, AttnBias, AttnMask, Choice, Device, DeviceBuffer, GatherPlan, GeluBias, GeluMode,
-    QkvSplit, WindowAttention, WindowTable, add_layer_norm_to, bias_gelu, bias_mask_add,
-    bias_mask_softmax, f16, gather, layer_norm, layer_norm_gather, qkv_split, window_attention,
+    QkvSplit, RegionLabels, RegionMask, WindowAttention, WindowBias, WindowTable,
+    add_layer_norm_to, bias_gelu, bias_mask_add, bias_mask_softmax, f16, gather, layer_norm,
+    layer_norm_gather, qkv_split, window_attention,
 };
 
 pub struct Tensor<T> {
@@ -325,28 +326,25 @@ pub fn run(args: impl Iterator<Item = String>) -> Result<(), String> {
             } else {
                 None
             };
-            let mask = if a.has("mask") {
-                let (m, sl) = (a.f16("mask")?, a.i32("slots")?);
-                let n_slots = m.shape.first().copied().unwrap_or(0) as usize;
+            let mask = if a.has("labels") {
+                let (l, sl) = (a.i32("labels")?, a.i32("slots")?);
+                if l.shape.len() != 2 {
+                    return Err("labels must be 2-D: [slots, 144]".into());
+                }
                 Some((
-                    dev.upload(&m.data).map_err(e)?,
-                    WindowTable::new(&dev, &sl.data, n_slots).map_err(e)?,
+                    RegionLabels::new(&dev, &l.data, l.shape[1] as usize).map_err(e)?,
+                    WindowTable::new(&dev, &sl.data, l.shape[0] as usize).map_err(e)?,
                 ))
             } else {
                 None
             };
-            let (mv, bv, qbv) = (
-                mask.as_ref().map(|(m, _)| m.view()),
-                bd.view(),
-                qb.as_ref().map(|b| b.view()),
-            );
-            let ab = AttnBias {
+            let (bv, qbv) = (bd.view(), qb.as_ref().map(|b| b.view()));
+            let ab = WindowBias {
                 bias: &bv,
                 ty: &ty,
-                mask: match (&mv, &mask) {
-                    (Some(m), Some((_, slot))) => Some(AttnMask { mask: m, slot }),
-                    _ => None,
-                },
+                mask: mask
+                    .as_ref()
+                    .map(|(labels, slot)| RegionMask { labels, slot }),
             };
             let mut out = dev.alloc::<f16>(x.data.len() / 3).map_err(e)?;
             window_attention(&dev, &xd.view(), qbv.as_ref(), &ab, &mut out.view_mut(), &p)

@@ -4,7 +4,8 @@
 //!
 //! Oracle: `oracle::attention_row`, the exact attention in f64 of the
 //! inputs as the kernel sees them (q, k, v rounded `f16(x + b)` when a QKV
-//! bias is given; mask and bias as f16), held to the contract's bound
+//! bias is given; the bias as f16; the mask in its tile form,
+//! `RegionLabels::mask_tile` of the labels), held to the contract's bound
 //! (about half an ulp of the output plus an ulp of `M = sum_j p_j |v_j|`,
 //! plus terms for the f32 scores; see `wavefuse::ops::window_attention`).
 //! Broken kernels this suite was seen to reject (each swapped in once, in
@@ -22,7 +23,8 @@ use common::{POISON, Rng, cpu, devices, oracle};
 use half::f16;
 use proptest::prelude::*;
 use wavefuse::{
-    AttnBias, AttnMask, Choice, Device, Error, Wave, WindowAttention, WindowTable, window_attention,
+    Choice, Device, Error, RegionLabels, RegionMask, Wave, WindowAttention, WindowBias,
+    WindowTable, window_attention,
 };
 
 const T: usize = 144;
@@ -36,11 +38,23 @@ struct Case {
     bias: Vec<f16>,
     ty: Vec<i32>,
     n_types: usize,
-    mask: Option<(Vec<f16>, Vec<i32>, usize)>,
+    /// Region labels [slots, 144], window -> slot, slots.
+    mask: Option<(Vec<i32>, Vec<i32>, usize)>,
 }
 
-/// `special`: 0 none; 1 fully masked (-inf) rows, single-key rows, random
-/// -inf and a NaN / +inf in the bias; 2 large scores.
+/// Labels of `n` slots: each slot cut into 1 to 8 regions, every token in
+/// a random one (slot 0 a single region, like Pangu's inner windows).
+fn labels(rng: &mut Rng, n: usize) -> Vec<i32> {
+    let mut l = Vec::with_capacity(n * T);
+    for slot in 0..n {
+        let regions = if slot == 0 { 1 } else { 1 + rng.below(8) };
+        l.extend((0..T).map(|_| rng.below(regions) as i32));
+    }
+    l
+}
+
+/// `special`: 0 none; 1 fully masked (-inf) bias rows, single-key rows,
+/// random -inf and a NaN / +inf in the bias; 2 large scores.
 #[allow(clippy::too_many_arguments)]
 fn make_case(
     seed: u64,
@@ -68,42 +82,27 @@ fn make_case(
         .map(|_| rng.below(n_types as u64) as i32)
         .collect();
     let mask = slots.map(|n| {
-        let mut m: Vec<f16> = (0..n * T * T)
-            .map(|_| {
-                if rng.below(3) == 0 {
-                    f16::from_f32(-100.0)
-                } else {
-                    f16::ZERO
-                }
-            })
-            .collect();
-        if special == 1 {
-            for row in m.chunks_mut(T) {
-                match rng.below(10) {
-                    0 => row.fill(f16::NEG_INFINITY),
-                    1 => {
-                        row.fill(f16::NEG_INFINITY);
-                        row[rng.below(T as u64) as usize] = f16::ZERO;
-                    }
-                    2 => {
-                        for x in row.iter_mut() {
-                            if rng.below(2) == 0 {
-                                *x = f16::NEG_INFINITY;
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
+        let l = labels(&mut rng, n);
         let sl = (0..windows).map(|_| rng.below(n as u64) as i32).collect();
-        (m, sl, n)
+        (l, sl, n)
     });
     if special == 1 {
         for row in bias.chunks_mut(T) {
             match rng.below(40) {
                 0 => row[rng.below(T as u64) as usize] = f16::NAN,
                 1 => row[rng.below(T as u64) as usize] = f16::INFINITY,
+                2 => row.fill(f16::NEG_INFINITY),
+                3 => {
+                    row.fill(f16::NEG_INFINITY);
+                    row[rng.below(T as u64) as usize] = f16::ZERO;
+                }
+                4 => {
+                    for x in row.iter_mut() {
+                        if rng.below(2) == 0 {
+                            *x = f16::NEG_INFINITY;
+                        }
+                    }
+                }
                 _ => {}
             }
         }
@@ -121,6 +120,11 @@ fn make_case(
 }
 
 fn run(dev: &Device, c: &Case) -> Result<Vec<f16>, String> {
+    run_with(dev, c, None)
+}
+
+/// [`run`] with `labels` in place of the case's (same slots).
+fn run_with(dev: &Device, c: &Case, labels: Option<&RegionLabels>) -> Result<Vec<f16>, String> {
     let e = |e: Error| e.to_string();
     let x = dev.upload(&c.qkv).map_err(e)?;
     let qb = c
@@ -131,23 +135,22 @@ fn run(dev: &Device, c: &Case) -> Result<Vec<f16>, String> {
         .map_err(e)?;
     let bd = dev.upload(&c.bias).map_err(e)?;
     let ty = WindowTable::new(dev, &c.ty, c.n_types).map_err(e)?;
-    let (md, sl) = match &c.mask {
-        Some((m, sl, n)) => (
-            Some(dev.upload(m).map_err(e)?),
+    let (ld, sl) = match &c.mask {
+        Some((l, sl, n)) => (
+            Some(RegionLabels::new(dev, l, T).map_err(e)?),
             Some(WindowTable::new(dev, sl, *n).map_err(e)?),
         ),
         None => (None, None),
     };
-    let (bv, mv, qbv) = (
-        bd.view(),
-        md.as_ref().map(|m| m.view()),
-        qb.as_ref().map(|b| b.view()),
-    );
-    let mask = match (&mv, &sl) {
-        (Some(mask), Some(slot)) => Some(AttnMask { mask, slot }),
+    let (bv, qbv) = (bd.view(), qb.as_ref().map(|b| b.view()));
+    let mask = match (&ld, &sl) {
+        (Some(own), Some(slot)) => Some(RegionMask {
+            labels: labels.unwrap_or(own),
+            slot,
+        }),
         _ => None,
     };
-    let ab = AttnBias {
+    let ab = WindowBias {
         bias: &bv,
         ty: &ty,
         mask,
@@ -184,6 +187,11 @@ fn check(dev: &Device, c: &Case) -> Result<f64, String> {
     let out = run(dev, c)?;
     let (heads, ch) = (c.p.heads, c.p.heads * D);
     let mut worst = 0.0f64;
+    // The mask in its tile form (what PyTorch adds).
+    let tile = c
+        .mask
+        .as_ref()
+        .map(|(l, _, _)| RegionLabels::mask_tile(l, T));
     for w in 0..c.windows {
         for h in 0..heads {
             let [q, k, v] = qkv_of(c, w, h);
@@ -193,10 +201,9 @@ fn check(dev: &Device, c: &Case) -> Result<f64, String> {
                     .map(|j| c.bias[((ty * heads + h) * T + i) * T + j].to_f64())
                     .collect();
                 let mask: Vec<f64> = (0..T)
-                    .map(|j| {
-                        c.mask.as_ref().map_or(0.0, |(m, sl, _)| {
-                            m[(sl[w] as usize * T + i) * T + j].to_f64()
-                        })
+                    .map(|j| match (&tile, &c.mask) {
+                        (Some(m), Some((_, sl, _))) => m[(sl[w] as usize * T + i) * T + j].to_f64(),
+                        _ => 0.0,
                     })
                     .collect();
                 let want = oracle::attention_row(&q[i], &k, &v, c.p.scale as f64, &mask, &bias);
@@ -267,6 +274,18 @@ fn pangu_heads_6_and_12() {
 }
 
 #[test]
+fn many_windows_with_types_in_runs() {
+    // Types in runs as Pangu's longitude windows, coming back to an
+    // earlier type.
+    let windows = 19;
+    let mut c = make_case(36, windows, 2, 3, Some(3), 1.0, false, 0);
+    c.ty = (0..windows).map(|w| [0, 0, 0, 1, 1, 2, 0][w % 7]).collect();
+    for dev in devices() {
+        check(&dev, &c).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
 fn pangu_mask_values_without_special_rows() {
     // The planner's masks (0 / -100, every row keeping its own region):
     // no NaN anywhere, and the bound holds at Pangu's magnitudes.
@@ -280,10 +299,9 @@ fn pangu_mask_values_without_special_rows() {
 
 #[test]
 fn fully_masked_rows_are_nan_like_torch() {
+    // A label mask never masks a whole row; a bias row of -inf does.
     let mut c = make_case(34, 1, 1, 1, Some(1), 1.0, false, 0);
-    if let Some((m, _, _)) = c.mask.as_mut() {
-        m[..T * 5].fill(f16::NEG_INFINITY); // rows 0..5 of the slot
-    }
+    c.bias[..T * 5].fill(f16::NEG_INFINITY); // rows 0..5 of the tile
     for dev in devices() {
         let out = run(&dev, &c).expect("launch");
         for (t, row) in out.chunks(D).enumerate() {
@@ -297,19 +315,52 @@ fn fully_masked_rows_are_nan_like_torch() {
     }
 }
 
+#[test]
+fn planner_labels_give_the_planner_masks() {
+    // A shifted plan of 8 windows (2 x 2 x 2) whose masks cut windows on
+    // every axis: the kernel with the planner's labels against the oracle
+    // with the planner's own f32 mask tiles.
+    use wavefuse_shared::window::{Grid3, Shift3, Window3, WindowPlan};
+    let plan = WindowPlan::new(
+        Grid3 { z: 4, h: 12, w: 24 },
+        Window3 { z: 2, h: 6, w: 12 },
+        Shift3 { z: 1, h: 3, w: 6 },
+    )
+    .expect("plan");
+    let ms = plan.mask_slots();
+    assert!(ms.n_slots > 1);
+    let windows = plan.n_windows();
+    let mut c = make_case(35, windows, 2, 1, Some(1), 1.5, true, 0);
+    c.mask = Some((
+        ms.slot_labels.clone(),
+        ms.window_to_slot.clone(),
+        ms.n_slots,
+    ));
+    assert_eq!(
+        RegionLabels::mask_tile(&ms.slot_labels, T),
+        ms.slot_masks
+            .iter()
+            .map(|&m| f16::from_f32(m))
+            .collect::<Vec<_>>()
+    );
+    for dev in devices() {
+        check(&dev, &c).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
 // ---- one test per bad input: each is rejected before any launch ----
 
 /// A valid one-window, one-head setup on `d`, then `f` with its parts.
 fn with_setup(
     d: &Device,
-    f: impl FnOnce(&wavefuse::DeviceBuffer<f16>, &AttnBias<'_>, &mut wavefuse::DeviceBuffer<f16>),
+    f: impl FnOnce(&wavefuse::DeviceBuffer<f16>, &WindowBias<'_>, &mut wavefuse::DeviceBuffer<f16>),
 ) {
     let x = d.upload(&vec![f16::ONE; T * 3 * D]).expect("upload");
     let b = d.upload(&vec![f16::ZERO; T * T]).expect("upload");
     let t = WindowTable::new(d, &[0], 1).expect("table");
     let mut o = d.alloc::<f16>(T * D).expect("alloc");
     let bv = b.view();
-    let ab = AttnBias {
+    let ab = WindowBias {
         bias: &bv,
         ty: &t,
         mask: None,
@@ -388,20 +439,20 @@ fn no_windows_is_a_no_op() {
         let x = dev.alloc::<f16>(0).expect("alloc");
         let mut o = dev.alloc::<f16>(0).expect("alloc");
         let b = dev.upload(&vec![f16::ZERO; T * T]).expect("upload");
-        let m = dev.upload(&vec![f16::ZERO; T * T]).expect("upload");
+        let l = RegionLabels::new(&dev, &[0; T], T).expect("labels");
         let (t, sl) = (
             WindowTable::new(&dev, &[], 1).expect("empty table"),
             WindowTable::new(&dev, &[], 1).expect("empty table"),
         );
-        let (bv, mv) = (b.view(), m.view());
+        let bv = b.view();
         for mask in [
             None,
-            Some(AttnMask {
-                mask: &mv,
+            Some(RegionMask {
+                labels: &l,
                 slot: &sl,
             }),
         ] {
-            let ab = AttnBias {
+            let ab = WindowBias {
                 bias: &bv,
                 ty: &t,
                 mask,
@@ -465,11 +516,9 @@ fn rejects_qkv_bias_and_bias_and_mask_of_the_wrong_length() {
     });
     let b = d.upload(&vec![f16::ZERO; T * T]).expect("upload");
     let t2 = WindowTable::new(&d, &[0], 2).expect("table");
-    let m = d.upload(&vec![f16::ZERO; T * T]).expect("upload");
-    let sl = WindowTable::new(&d, &[1], 2).expect("table");
     with_setup(&d, |x, _, o| {
         let bv = b.view();
-        let ab = AttnBias {
+        let ab = WindowBias {
             bias: &bv,
             ty: &t2,
             mask: None,
@@ -487,28 +536,96 @@ fn rejects_qkv_bias_and_bias_and_mask_of_the_wrong_length() {
             "{e:?}"
         );
     });
-    with_setup(&d, |x, ab, o| {
-        let mv = m.view();
-        let ab = AttnBias {
-            mask: Some(AttnMask {
-                mask: &mv,
-                slot: &sl,
-            }),
-            ..*ab
-        };
-        let e = window_attention(
-            &d,
-            &x.view(),
-            None,
-            &ab,
-            &mut o.view_mut(),
-            &WindowAttention::new(1),
-        );
+    let sl = WindowTable::new(&d, &[1], 2).expect("table");
+    // One slot of labels for a table of two slots, then labels of 72 tokens.
+    let l1 = RegionLabels::new(&d, &[0; T], T).expect("labels");
+    let l72 = RegionLabels::new(&d, &[0; 144], 72).expect("labels");
+    for (labels, got, expected) in [(&l1, T, 2 * T), (&l72, 72, T)] {
+        with_setup(&d, |x, ab, o| {
+            let ab = WindowBias {
+                mask: Some(RegionMask { labels, slot: &sl }),
+                ..*ab
+            };
+            let e = window_attention(
+                &d,
+                &x.view(),
+                None,
+                &ab,
+                &mut o.view_mut(),
+                &WindowAttention::new(1),
+            );
+            assert!(
+                matches!(e, Err(Error::LengthMismatch { what: "labels", got: g, expected: x, .. }) if g == got && x == expected),
+                "{e:?}"
+            );
+        });
+    }
+}
+
+#[test]
+fn rejects_bad_region_labels() {
+    let d = cpu();
+    let bad = |r: Result<RegionLabels, Error>, what: &str| {
         assert!(
-            matches!(e, Err(Error::LengthMismatch { what: "mask", .. })),
-            "{e:?}"
+            matches!(&r, Err(Error::BadParameter { what: w, .. }) if *w == what),
+            "{r:?}"
         );
-    });
+    };
+    let mut l = vec![0i32; 2 * T];
+    l[T + 7] = T as i32;
+    bad(RegionLabels::new(&d, &l, T), "labels");
+    l[T + 7] = -1;
+    bad(RegionLabels::new(&d, &l, T), "labels");
+    bad(RegionLabels::new(&d, &[], T), "labels");
+    bad(RegionLabels::new(&d, &[0; T + 1], T), "labels");
+    bad(RegionLabels::new(&d, &[0; T], 0), "tokens");
+    let ok = RegionLabels::new(&d, &[3; 2 * T], T).expect("labels");
+    assert_eq!((ok.slots(), ok.tokens()), (2, T));
+    // A mask tile that is not a region mask has no labels.
+    let mut m = RegionLabels::mask_tile(&labels(&mut Rng(37), 2), T)
+        .iter()
+        .map(|v| v.to_f32())
+        .collect::<Vec<_>>();
+    m[T * T + 5 * T + 9] = if m[T * T + 5 * T + 9] == 0.0 {
+        -100.0
+    } else {
+        0.0
+    };
+    bad(RegionLabels::from_mask(&d, &m, T), "mask");
+    m[T * T + 5 * T + 9] = -50.0;
+    bad(RegionLabels::from_mask(&d, &m, T), "mask");
+    bad(RegionLabels::from_mask(&d, &m[..T * T - 1], T), "mask");
+    // A query outside every region (its row all -100).
+    let mut m = vec![0.0f32; T * T];
+    m[3 * T..4 * T].fill(-100.0);
+    bad(RegionLabels::from_mask(&d, &m, T), "mask");
+    bad(RegionLabels::from_mask(&d, &m, 0), "tokens");
+}
+
+#[test]
+fn labels_from_a_region_mask_give_the_same_attention() {
+    // Labels read back from the tile form (first token of each region)
+    // differ from the originals but give the same mask, hence the same
+    // bits out of the kernel.
+    let c = make_case(38, 3, 1, 1, Some(4), 1.0, false, 0);
+    let Some((l, _, _)) = &c.mask else {
+        unreachable!()
+    };
+    let tile: Vec<f32> = RegionLabels::mask_tile(l, T)
+        .iter()
+        .map(|v| v.to_f32())
+        .collect();
+    for dev in devices() {
+        let from = RegionLabels::from_mask(&dev, &tile, T).expect("a region mask");
+        assert_eq!((from.slots(), from.tokens()), (4, T));
+        let a = run(&dev, &c).expect("launch");
+        let b = run_with(&dev, &c, Some(&from)).expect("launch");
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{}",
+            dev.info().name
+        );
+    }
 }
 
 #[test]
@@ -563,7 +680,7 @@ fn rejects_output_overlapping_the_input() {
     let b = d.upload(&vec![f16::ZERO; T * T]).expect("upload");
     let t = WindowTable::new(&d, &[0], 1).expect("table");
     let bv = b.view();
-    let ab = AttnBias {
+    let ab = WindowBias {
         bias: &bv,
         ty: &t,
         mask: None,

@@ -3,20 +3,24 @@
 //!
 //! [`AttnTables`] hold what depends only on the windowing: the window ->
 //! bias-type table, and for a shifted block the window -> mask-slot table
-//! with the deduplicated masks (0 / -100, exact in f16). They are built
+//! with the deduplicated masks (0 / -100, exact in f16) and, when the masks
+//! are region masks (the planner's are), their region labels, which the
+//! fused window attention reads instead of the tiles. They are built
 //! once per windowing on the wavefuse device behind one candle device and
 //! shared by every launch. The bias `[types, heads, T, T]` is an operand
 //! (a weight, in candle's memory).
 use crate::runner::{DevKey, Operand, Path, wf_device, wf_err};
 use candle_core::{Device, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
-use wavefuse::{AttnBias, AttnMask, WindowTable, f16};
+use wavefuse::{AttnBias, AttnMask, RegionLabels, RegionMask, WindowBias, WindowTable, f16};
 use wavefuse_shared::window::WindowPlan;
 
 #[derive(Debug)]
 struct Mask {
     slot: WindowTable,
     masks: wavefuse::DeviceBuffer<f16>,
+    /// The masks' region labels; `None` when they are not region masks.
+    labels: Option<RegionLabels>,
 }
 
 /// The window tables of one windowing on one device.
@@ -64,6 +68,7 @@ impl AttnTables {
                 Some(Arc::new(Mask {
                     slot: WindowTable::new(&dev, slots, n_slots).map_err(&e)?,
                     masks: dev.upload(&halves).map_err(&e)?,
+                    labels: RegionLabels::from_mask(&dev, values, tokens).ok(),
                 }))
             }
         };
@@ -158,6 +163,37 @@ impl AttnTables {
                 _ => None,
             },
         }
+    }
+
+    /// wavefuse's view of the tables with `bias` for the fused window
+    /// attention (the mask as region labels).
+    fn window_bias<'a>(
+        &'a self,
+        bias: &'a wavefuse::View<'a, f16>,
+    ) -> wavefuse::Result<WindowBias<'a>> {
+        let mask = match &self.mask {
+            None => None,
+            Some(m) => match &m.labels {
+                Some(labels) => Some(RegionMask {
+                    labels,
+                    slot: &m.slot,
+                }),
+                None => {
+                    return Err(wavefuse::Error::BadParameter {
+                        op: ATTN,
+                        what: "mask",
+                        value: "the tables' masks".into(),
+                        why: "not region masks (0 within a region, -100 across): the fused \
+                              attention reads them as region labels",
+                    });
+                }
+            },
+        };
+        Ok(WindowBias {
+            bias,
+            ty: &self.ty,
+            mask,
+        })
     }
 
     fn mask_view(&self) -> Option<wavefuse::View<'_, f16>> {
@@ -350,8 +386,7 @@ impl WindowAttention {
                 None
             };
             let bias = io.input::<f16>(ins.len() - 1, 0, None)?;
-            let mask = self.tables.mask_view();
-            let ab = self.tables.attn(&bias, &mask);
+            let ab = self.tables.window_bias(&bias)?;
             let mut out = io.output(0, &[n])?;
             wavefuse::window_attention(io.q, &qkv, qb.as_ref(), &ab, &mut out[0], &p)
         })?;

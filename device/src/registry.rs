@@ -61,8 +61,8 @@ macro_rules! for_each_kernel {
             wf_bias_mask_add_nomask(s: *mut u16, bias: *const u16, mask: *const u16, types: *const i32, slots: *const i32, heads: u32, tile_vec: u32, n_types: u32, n_slots: u32);
             wf_bias_mask_softmax_144(s: *const u16, p: *mut u16, bias: *const u16, mask: *const u16, types: *const i32, slots: *const i32, rows: u32, heads: u32, n_types: u32, n_slots: u32);
             wf_bias_mask_softmax_nomask_144(s: *const u16, p: *mut u16, bias: *const u16, mask: *const u16, types: *const i32, slots: *const i32, rows: u32, heads: u32, n_types: u32, n_slots: u32);
-            wf_window_attention_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, mask: *const u16, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32);
-            wf_window_attention_mask_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, mask: *const u16, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32);
+            wf_window_attention_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32);
+            wf_window_attention_mask_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32);
         }
     };
 }

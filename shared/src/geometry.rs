@@ -34,6 +34,9 @@ pub const QKV_HEAD_DIM: u32 = 32;
 pub const ATTN_T: u32 = 144;
 /// Window attention: channels per head.
 pub const ATTN_HEAD_DIM: u32 = 32;
+/// Window attention: the mask value between tokens of different regions of
+/// a shifted window (Swin's and Pangu's `-100`, not `-inf`).
+pub const ATTN_MASK_NEG: f32 = -100.0;
 /// Window attention: waves per workgroup (one workgroup per window and
 /// head; wave `w` takes the 16-row query strips `w, w + 3, w + 6`).
 pub const ATTN_WAVES: u32 = 3;
@@ -45,14 +48,20 @@ pub const ATTN_LDS_STRIDE: u32 = 40;
 /// 144 + 8, so the eight rows a quad-row of lanes reads (304 bytes apart)
 /// fall in distinct bank groups.
 pub const ATTN_BIAS_STRIDE: u32 = 152;
-/// Window attention: workgroup memory per workgroup (bytes): the q, k and
-/// v tiles of one window and head, then each wave's 16-row bias strip
-/// buffer. 48 KiB exactly: the most a CUDA launch takes without an opt-in,
-/// and within gfx9's 64 KiB.
-pub const ATTN_SHARED_BYTES: u32 =
+/// Window attention: byte offset of the window's 144 region labels (i32)
+/// in workgroup memory, after the q, k and v tiles and each wave's 16-row
+/// bias strip buffer.
+pub const ATTN_LABEL_OFFSET: u32 =
     3 * ATTN_T * ATTN_LDS_STRIDE * 2 + ATTN_WAVES * 16 * ATTN_BIAS_STRIDE * 2;
-const _: () = assert!(ATTN_SHARED_BYTES == 48 * 1024);
+/// Window attention: workgroup memory per workgroup (bytes): the q, k and
+/// v tiles of one window and head, each wave's bias strip buffer, the
+/// window's labels. 49,728 bytes: within gfx9's 64 KiB; on NVIDIA above
+/// the 48 KiB a launch takes without an opt-in (the host raises the
+/// kernel's limit when it loads the module); four workgroups per SM on
+/// sm_90.
+pub const ATTN_SHARED_BYTES: u32 = ATTN_LABEL_OFFSET + ATTN_T * 4;
+const _: () = assert!(ATTN_SHARED_BYTES <= 64 * 1024 && ATTN_LABEL_OFFSET.is_multiple_of(16));
 /// Window attention: workgroups per SM the NVIDIA build's register budget
 /// is set for (PTX `.minnctapersm`, written by `cargo xtask kernels`):
-/// 168 registers per thread; 48 KiB of workgroup memory allows 4 on sm_90.
+/// 168 registers per thread; the workgroup memory allows 4 on sm_90.
 pub const ATTN_MIN_BLOCKS_SM: u32 = 4;

@@ -43,7 +43,7 @@ use crate::index::PAD;
 
 /// Mask value for attention between tokens of different shifted regions
 /// (Swin and Pangu use `-100.0`, not `-inf`).
-pub const MASK_NEG: f32 = -100.0;
+pub const MASK_NEG: f32 = crate::geometry::ATTN_MASK_NEG;
 
 /// Extents of the token grid `[Z, H, W]` (pressure level, latitude,
 /// longitude).
@@ -117,6 +117,11 @@ pub struct MaskSlots {
     /// `0.0` where query `i` and key `j` share a region, [`MASK_NEG`]
     /// otherwise.
     pub slot_masks: Vec<f32>,
+    /// The same masks as region labels, `[n_slots, T]`: token `i` of a
+    /// slot's windows is in region `slot_labels[slot * T + i]` (numbered in
+    /// order of first occurrence, so each label is below `T`), and
+    /// `slot_masks` is 0 exactly where two labels are equal.
+    pub slot_labels: Vec<i32>,
 }
 
 /// Number of regions one axis contributes to Swin's mask (three slices).
@@ -346,6 +351,7 @@ impl WindowPlan {
             window_to_slot.push(slot as i32);
         }
         let mut slot_masks = Vec::with_capacity(patterns.len() * t * t);
+        let slot_labels = patterns.iter().flatten().map(|&l| i32::from(l)).collect();
         for pat in &patterns {
             for &qi in pat {
                 slot_masks.extend(pat.iter().map(|&kj| if qi == kj { 0.0 } else { MASK_NEG }));
@@ -355,6 +361,7 @@ impl WindowPlan {
             window_to_slot,
             n_slots: patterns.len(),
             slot_masks,
+            slot_labels,
         }
     }
 
@@ -692,6 +699,16 @@ mod tests {
             );
         }
         // Slots are distinct.
+        assert_eq!(slots.slot_labels.len(), slots.n_slots * t);
+        for (sl, labels) in slots.slot_labels.chunks_exact(t).enumerate() {
+            for (i, &li) in labels.iter().enumerate() {
+                assert!((0..t as i32).contains(&li));
+                for (j, &lj) in labels.iter().enumerate() {
+                    let want = if li == lj { 0.0 } else { MASK_NEG };
+                    assert_eq!(slots.slot_masks[(sl * t + i) * t + j], want);
+                }
+            }
+        }
         for a in 0..slots.n_slots {
             for b in 0..a {
                 assert_ne!(

@@ -3,8 +3,9 @@
 //! padded 8x96x180); window (2,6,12) = 144 tokens, head dim 32.
 use super::{Case, Checked, Instance, Rng, par_rows, par_update, ulp_err};
 use wavefuse::{
-    AttnBias, AttnMask, Device, DeviceBuffer, QkvSplit as Params, WindowAttention as AttnParams,
-    WindowTable, bias_mask_add, bias_mask_softmax, f16, qkv_split, window_attention,
+    AttnBias, AttnMask, Device, DeviceBuffer, QkvSplit as Params, RegionLabels, RegionMask,
+    WindowAttention as AttnParams, WindowBias, WindowTable, bias_mask_add, bias_mask_softmax, f16,
+    qkv_split, window_attention,
 };
 use wavefuse_shared::window::{Grid3, Shift3, Window3, WindowPlan};
 use wavefuse_suite::oracle;
@@ -339,7 +340,7 @@ struct AttnSet {
     qkv: DeviceBuffer<f16>,
     out: DeviceBuffer<f16>,
     bias: DeviceBuffer<f16>,
-    mask: DeviceBuffer<f16>,
+    labels: RegionLabels,
     ty: WindowTable,
     slot: WindowTable,
 }
@@ -352,12 +353,12 @@ impl Case for WindowAttention {
         format!("{}x{}", self.windows, self.heads)
     }
     fn bytes(&self) -> usize {
-        // q, k, v read and the output written once, the bias and mask
-        // tables read once (benches/peers.py counts the same).
-        let tile = T * T;
+        // q, k, v read and the output written once, the bias tables and
+        // the mask's region labels (i32) read once (benches/peers.py counts
+        // the same).
         8 * self.windows * T * self.heads * HD
-            + 2 * types(self.windows) * self.heads * tile
-            + 2 * slots(self.windows) * tile
+            + 2 * types(self.windows) * self.heads * T * T
+            + 4 * slots(self.windows) * T
     }
     fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
         let mut rng = Rng(seed);
@@ -382,7 +383,9 @@ impl Case for WindowAttention {
             qkv: dev.upload(&qkv_host)?,
             out: dev.upload(&vec![f16::NAN; w * T * h * HD])?,
             bias: dev.upload(&bias_host)?,
-            mask: dev.upload(&mask_host)?,
+            // The kernel reads the planner's labels; the check reads the
+            // planner's mask tiles.
+            labels: RegionLabels::new(dev, &ms.slot_labels, T)?,
             ty: WindowTable::new(dev, &ty_host, n_types)?,
             slot: WindowTable::new(dev, &slot_host, ms.n_slots)?,
             qkv_host,
@@ -396,12 +399,12 @@ impl Case for WindowAttention {
 
 impl Instance for AttnSet {
     fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
-        let (bias, mask) = (self.bias.view(), self.mask.view());
-        let ab = AttnBias {
+        let bias = self.bias.view();
+        let ab = WindowBias {
             bias: &bias,
             ty: &self.ty,
-            mask: Some(AttnMask {
-                mask: &mask,
+            mask: Some(RegionMask {
+                labels: &self.labels,
                 slot: &self.slot,
             }),
         };

@@ -94,6 +94,20 @@ pub unsafe fn add_layer_norm<
     for r in 0..R {
         sums[r] = lane_sum_exact(&v[r]);
     }
+    // The residual goes out before the statistics: its packed sums then
+    // need no registers across the reductions (the 384-wide kernel: 56
+    // registers instead of 72, a workgroup more per SM). Storing it last
+    // measured the same at 192 (BENCHMARKS.md, eighth session).
+    for r in 0..R {
+        let row = first + r as u64;
+        for k in 0..NV {
+            if row < rows && in_row::<W, L, NV>(k, lane) {
+                // SAFETY: as for the loads. In place, this lane already
+                // read this vector.
+                unsafe { store8_bits(residual_out.add(off(row, k)), sum_bits[r][k]) };
+            }
+        }
+    }
     let sums = group_sum_f64_n::<L, R>(sums);
     let mut mean = [Mean { hi: 0.0, lo: 0.0 }; R];
     let mut sq = [0.0f32; R];
@@ -118,15 +132,6 @@ pub unsafe fn add_layer_norm<
                     lane,
                 )
             };
-            // The residual goes out last, after `y` (faster than storing it
-            // before the reductions on the H200: BENCHMARKS.md).
-            for k in 0..NV {
-                if in_row::<W, L, NV>(k, lane) {
-                    // SAFETY: as for the loads. In place, this lane already
-                    // read this vector.
-                    unsafe { store8_bits(residual_out.add(off(row, k)), sum_bits[r][k]) };
-                }
-            }
         }
     }
 }

@@ -95,19 +95,22 @@ use super::layer_norm::in_row;
 
 /// The lane's share of the row sum, exact in f64 (see the module docs).
 /// Steps outside the row must hold zeros.
+///
+/// One accumulator: every addition is exact, so the order cannot change
+/// the result, and a single chain keeps two registers live where eight
+/// partial sums kept sixteen. Those sixteen cost the affine LayerNorm and
+/// the 384-wide add+LayerNorm a workgroup per SM (52 and 72 registers) and
+/// about 1% of their speed on the H200 (BENCHMARKS.md, eighth session).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // constant indices keep the row in registers
 pub fn lane_sum_exact<const NV: usize>(v: &[[f32; 8]; NV]) -> f64 {
-    let mut s = [0.0f64; 8];
-    for i in 0..8 {
-        s[i] = f64::from(v[0][i]);
-    }
-    for k in 1..NV {
+    let mut s = 0.0f64;
+    for k in 0..NV {
         for i in 0..8 {
-            s[i] += f64::from(v[k][i]);
+            s += f64::from(v[k][i]);
         }
     }
-    ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+    s
 }
 
 /// Sums of `N` f64 values over aligned groups of `L` consecutive lanes

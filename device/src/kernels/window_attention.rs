@@ -1,5 +1,5 @@
 //! Fused 3D window attention on the matrix units: for each window `w` and
-//! head `h`, `O = softmax(scale * Q K^T + mask[slot(w)] + bias[type(w), h]) V`
+//! head `h`, `O = softmax(scale * Q K^T + mask(w) + bias[type(w), h]) V`
 //! over Pangu's 144-token windows, heads of 32.
 //!
 //! Input: the QKV Linear's output [windows * 144, 3C] f16 (per token
@@ -9,12 +9,20 @@
 //! Output: [windows * 144, C] f16 in token order, head-major (what the
 //! output projection reads).
 //!
+//! The shifted-window mask is given as region labels: `labels[slot(w)]`
+//! holds one i32 per token of the window, and `mask_ij` is 0 where tokens
+//! `i` and `j` carry the same label, [`ATTN_MASK_NEG`] (-100) otherwise:
+//! exactly Swin's and Pangu's mask, read as 144 labels instead of a
+//! 144 x 144 tile.
+//!
 //! Numerics, per (window, head), query row `i`, key `j`:
 //! - `s = sum_d q_d k_d`: f16 products, f32 accumulation by the matrix
 //!   unit (q is not pre-scaled or rounded);
 //! - `z = fma(s, scale, mask_ij) + bias_ij` in f32 (without a mask
 //!   `z = fma(s, scale, bias_ij)`): the mask first, as in
-//!   [`super::bias_mask_add`], and `s * scale + mask` rounded once;
+//!   [`super::bias_mask_add`], and `s * scale + mask` rounded once (a
+//!   window whose labels are all equal computes `fma(s, scale, 0) + bias`
+//!   without reading them: the same bits);
 //! - `m = max_j z` (f32, exact);
 //! - `e = 2^(fma(z, log2 e, -(m * log2 e)))`, the hardware `exp2`
 //!   ([`gpu::exp2_approx`]), one FMA instead of a subtract and a multiply;
@@ -27,24 +35,25 @@
 //! (the f16 rounding of `p`, as in PyTorch's unfused chain, whose softmax
 //! output is f16) plus the effect of the f32 scores' rounding; the host
 //! op (`wavefuse::ops::window_attention`) states the bound. A row whose
-//! `z` holds NaN or +inf, or only -inf, is NaN (as `torch.softmax`); the
-//! planner's masks (0 / -100) never mask a whole row.
+//! `z` holds NaN or +inf, or only -inf (a bias row of -inf), is NaN (as
+//! `torch.softmax`); a label mask never masks a whole row (a token shares
+//! its own region).
 //!
 //! Layout: one workgroup of [`ATTN_WAVES`] waves per (window, head)
 //! (`block_id = window * heads + head`). The q, k and v tiles (144 x 32)
-//! are copied to workgroup memory in 16-byte pieces ([`gpu::copy_to_workgroup`]:
-//! `cp.async` on NVIDIA, so no registers hold them in flight), rows padded
-//! to [`ATTN_LDS_STRIDE`]. Each wave then takes the 16-row query strips
-//! `w, w + 3, w + 6`: the strip's 16 x 144 scores stay in registers as nine
-//! 16x16 accumulators; the strip's bias rows come from a per-wave buffer in
-//! workgroup memory, copied in 16-byte pieces while the previous strip
-//! finished (read straight from L2 in the accumulator layout, pairs of
-//! halves, they kept L2 at 71% of its throughput and the kernel 13%
-//! slower on the H200); the mask pairs are read straight from global
-//! memory; the row max and sum are reduced over the lanes of a row; the
-//! rounded weights are reused in registers as the left operand of `P V`
-//! ([`Mma::to_a`]). Nothing but q, k, v, the bias, the mask and the output
-//! touches memory outside the workgroup.
+//! and the window's 144 labels are copied to workgroup memory in 16-byte
+//! pieces ([`gpu::copy_to_workgroup`]: `cp.async` on NVIDIA, so no
+//! registers hold them in flight), tile rows padded to [`ATTN_LDS_STRIDE`].
+//! Each wave then takes the 16-row query strips `w, w + 3, w + 6`: the
+//! strip's 16 x 144 scores stay in registers as nine 16x16 accumulators;
+//! the strip's bias rows come from a per-wave buffer in workgroup memory,
+//! copied in 16-byte pieces while the previous strip finished (read
+//! straight from L2 in the accumulator layout, pairs of halves, they kept
+//! L2 at 71% of its throughput and the kernel 13% slower on the H200); the
+//! row max and sum are reduced over the lanes of a row; the rounded
+//! weights are reused in registers as the left operand of `P V`
+//! ([`Mma::to_a`]). Nothing but q, k, v, the bias, the labels and the
+//! output touches memory outside the workgroup.
 //!
 //! On NVIDIA the entry points carry launch bounds (`cargo xtask kernels`
 //! writes `.maxntid 96` and `.minnctapersm 4` into the PTX): without them
@@ -53,7 +62,8 @@ use crate::gpu::mma::{MAX_ROWS, MatrixKernel, Mma};
 use crate::gpu::{self, pack2, widen2};
 use crate::vec::{V8, load8_bits, store8_bits};
 use wavefuse_shared::geometry::{
-    ATTN_BIAS_STRIDE, ATTN_HEAD_DIM, ATTN_LDS_STRIDE, ATTN_T, ATTN_WAVES,
+    ATTN_BIAS_STRIDE, ATTN_HEAD_DIM, ATTN_LABEL_OFFSET, ATTN_LDS_STRIDE, ATTN_MASK_NEG, ATTN_T,
+    ATTN_WAVES,
 };
 
 const T: usize = ATTN_T as usize;
@@ -76,7 +86,7 @@ struct Args {
     qkv_bias: *const u16,
     out: *mut u16,
     bias: *const u16,
-    mask: *const u16,
+    labels: *const i32,
     types: *const i32,
     slots: *const i32,
     heads: u32,
@@ -184,158 +194,252 @@ unsafe fn prefetch_bias(bp: *const u16, buf: *mut u16, strip: usize) {
     }
 }
 
+/// Starts copying the 144 region labels (i32) at `src` to `dst`.
+///
+/// # Safety
+/// Both valid for 576 bytes and 16-byte aligned (`dst` workgroup memory).
+#[inline(always)]
+unsafe fn copy_labels(src: *const i32, dst: *mut i32) {
+    let c = gpu::thread_id() as usize;
+    if c < T / 4 {
+        // SAFETY: piece c of 36.
+        unsafe { gpu::copy_to_workgroup(dst.add(4 * c).cast(), src.add(4 * c).cast()) };
+    }
+}
+
+/// Whether the window's labels in workgroup memory are all equal (the
+/// same answer on every lane of the wave).
+#[inline(always)]
+fn one_region(lab: *const i32) -> bool {
+    let ws = gpu::wave_size() as usize;
+    let lane = gpu::thread_id() as usize % ws;
+    // SAFETY: labels 0..144 of the window (workgroup memory).
+    let l0 = unsafe { lab.read() };
+    let mut differ = 0u32;
+    let mut t = lane;
+    while t < T {
+        // SAFETY: as above.
+        differ |= u32::from(unsafe { lab.add(t).read() } != l0);
+        t += ws;
+    }
+    let mut m = 1;
+    while m < ws as u32 {
+        differ |= gpu::shfl_xor_u32(differ, m);
+        m <<= 1;
+    }
+    differ == 0
+}
+
+/// How a strip adds the mask: none (`z = fma(s, scale, bias)`), from the
+/// labels in workgroup memory, or a window of one region (`mask = 0`
+/// everywhere: `z = fma(s, scale, 0) + bias`, the labels' result without
+/// reading them).
+const NO_MASK: u8 = 0;
+const LABELS: u8 = 1;
+const ONE_REGION: u8 = 2;
+
+/// Where a wave's strips read from: the staged q, k, v tiles, the wave's
+/// bias strip buffer, the (type, head) bias tile in global memory, the
+/// window's labels.
+#[derive(Clone, Copy)]
+struct Tiles {
+    q: *const u16,
+    k: *const u16,
+    v: *const u16,
+    buf: *mut u16,
+    bias: *const u16,
+    labels: *const i32,
+}
+
+/// The wave's query strips `wave, wave + 3, ..` of window `w`, head `h`:
+/// scores, softmax, `P V`, the output rows. The first strip's bias rows
+/// are in flight to `l.buf` (and every wave passed the barrier after the
+/// staging).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: usize) {
+    let ch = a.heads as usize * D;
+    let mut strip = wave;
+    while strip < STRIPS {
+        let r0 = 16 * strip;
+        // The strip's bias rows, fetched during the previous strip.
+        gpu::copy_to_workgroup_wait();
+        gpu::wave_barrier();
+        // SAFETY: every tile read below lies in the staged q, k, v (16-byte
+        // aligned rows of LS halves in workgroup memory).
+        let (q0, q1) = unsafe {
+            (
+                M::load_a(l.q.add(r0 * LS), LS),
+                M::load_a(l.q.add(r0 * LS + 16), LS),
+            )
+        };
+        let mut lrow = [0i32; MAX_ROWS];
+        if MODE == LABELS {
+            for r in 0..M::ROWS {
+                // SAFETY: row r0 + slot_row(r) < 144 of the labels.
+                lrow[r] = unsafe { l.labels.add(r0 + M::slot_row(r) as usize).read() };
+            }
+        }
+        // Per 16-key tile: the scores, then z in place, and the max of each
+        // of the lane's rows.
+        let mut s = [M::zero(); STRIPS];
+        let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
+        crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+            // SAFETY: as above.
+            let (k0, k1) = unsafe {
+                let p = l.k.add(16 * n * LS);
+                (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS))
+            };
+            s[n] = M::mma(q1, k1, M::mma(q0, k0, M::zero()));
+            let acc = s[n].as_mut();
+            let mut e = 0;
+            while e < M::ACC_LEN {
+                let i = M::acc_row(e) as usize;
+                let j = 16 * n + M::acc_col(e) as usize;
+                // SAFETY: (i, j..j + 2) lies in the buffered bias strip; j is
+                // even, so the pair is 4-byte aligned.
+                let b = widen2(unsafe { l.buf.add(i * BS + j).cast::<u32>().read() });
+                for x in 0..2 {
+                    let z = match MODE {
+                        NO_MASK => gpu::fma(acc[e + x], a.scale, b[x]),
+                        ONE_REGION => gpu::fma(acc[e + x], a.scale, 0.0) + b[x],
+                        _ => {
+                            // SAFETY: j + x < 144.
+                            let lc = unsafe { l.labels.add(j + x).read() };
+                            let m = if lc == lrow[M::acc_slot(e)] { 0.0 } else { ATTN_MASK_NEG };
+                            gpu::fma(acc[e + x], a.scale, m) + b[x]
+                        }
+                    };
+                    acc[e + x] = z;
+                    let r = M::acc_slot(e);
+                    mx[r] = mx[r].max(z);
+                }
+                e += 2;
+            }
+            if MODE == LABELS {
+                // One tile's label reads at a time on AMD: hoisted together
+                // they spilled on gfx908 (64 VGPRs besides the AGPRs).
+                gpu::sched_barrier();
+            }
+        });
+        // Every lane is done with the buffer: fetch the wave's next strip
+        // while this one finishes.
+        gpu::wave_barrier();
+        if strip + (ATTN_WAVES as usize) < STRIPS {
+            // SAFETY: as for the first strip.
+            unsafe { prefetch_bias(l.bias, l.buf, strip + ATTN_WAVES as usize) };
+        }
+        let mut neg_ml = [0.0f32; MAX_ROWS];
+        for r in 0..M::ROWS {
+            neg_ml[r] = -(M::row_max(mx[r]) * core::f32::consts::LOG2_E);
+        }
+        let mut sum = [0.0f32; MAX_ROWS];
+        let mut p = [M::to_a(M::zero()); STRIPS];
+        crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+            let acc = s[n].as_mut();
+            for e in 0..M::ACC_LEN {
+                let r = M::acc_slot(e);
+                let x = gpu::exp2_approx(gpu::fma(acc[e], core::f32::consts::LOG2_E, neg_ml[r]));
+                acc[e] = x;
+                sum[r] += x;
+            }
+            p[n] = M::to_a(s[n]);
+        });
+        let mut inv = [0.0f32; MAX_ROWS];
+        for r in 0..M::ROWS {
+            inv[r] = 1.0 / M::row_sum(sum[r]);
+        }
+        // Keeps the v reads here: hoisted above the softmax, they raised the
+        // register peak past gfx90a's 128 VGPRs (and spilled).
+        gpu::sched_barrier();
+        let (mut o0, mut o1) = (M::zero(), M::zero());
+        crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+            // SAFETY: as for the k tiles.
+            let (v0, v1) = unsafe {
+                let p = l.v.add(16 * n * LS);
+                (M::load_b(p, LS), M::load_b(p.add(16), LS))
+            };
+            o0 = M::mma(p[n], v0, o0);
+            o1 = M::mma(p[n], v1, o1);
+            // One tile's v reads at a time on AMD: gfx908 budgets 64 VGPRs
+            // (its MFMA results live in AGPRs), and all nine tiles' reads
+            // hoisted together spilled there.
+            gpu::sched_barrier();
+        });
+        for (half, o) in [o0, o1].iter().enumerate() {
+            let o = o.as_ref();
+            let mut e = 0;
+            while e < M::ACC_LEN {
+                let i = r0 + M::acc_row(e) as usize;
+                let d = 16 * half + M::acc_col(e) as usize;
+                let r = M::acc_slot(e);
+                let pair = pack2(o[e] * inv[r], o[e + 1] * inv[r]);
+                // SAFETY: token (w, i), channel h * 32 + d of the output
+                // (caller); d even, so 4-byte aligned.
+                unsafe {
+                    a.out
+                        .add((w * T + i) * ch + h * D + d)
+                        .cast::<u32>()
+                        .write(pair)
+                };
+                e += 2;
+            }
+        }
+        strip += ATTN_WAVES as usize;
+    }
+}
+
 impl<const MASK: bool> MatrixKernel for Attention<MASK> {
     #[inline(always)]
-    #[allow(clippy::needless_range_loop)]
     fn run<M: Mma>(self) {
         let a = self.0;
         let heads = crate::math::divisor(a.heads);
         let tile = gpu::block_id();
         let (w, h) = ((tile / heads) as usize, (tile % heads) as usize);
         let lds = gpu::workgroup_mem::<u16>();
-        // SAFETY: one workgroup per (window, head) (caller).
-        unsafe {
-            if a.qkv_bias.is_null() {
-                copy(&a, lds, w, h)
-            } else {
-                stage::<true>(&a, lds, w, h)
-            }
-        };
+        let lab = lds
+            .wrapping_add(ATTN_LABEL_OFFSET as usize / 2)
+            .cast::<i32>();
         // SAFETY: w < windows: the tables hold one entry per window.
         let (ty, sl) = unsafe {
             super::bias_mask_add::lookup::<MASK>(a.types, a.slots, w as u32, a.n_types, a.n_slots)
         };
-        // SAFETY: `lookup` trapped on entries out of range.
-        let (bp, mp) = unsafe {
-            (
-                a.bias.add((ty as usize * a.heads as usize + h) * T * T),
-                a.mask.wrapping_add(sl as usize * T * T),
-            )
+        if MASK {
+            // SAFETY: `lookup` trapped on slots out of range; the slot's
+            // labels lie in `labels` (caller).
+            unsafe { copy_labels(a.labels.add(sl as usize * T), lab) };
+        }
+        // SAFETY: one workgroup per (window, head) (caller). Both wait for
+        // this thread's copies, the labels' among them.
+        unsafe {
+            if a.qkv_bias.is_null() {
+                copy(&a, lds, w, h)
+            } else {
+                stage::<true>(&a, lds, w, h);
+                gpu::copy_to_workgroup_wait();
+            }
         };
+        // SAFETY: `lookup` trapped on types out of range.
+        let bp = unsafe { a.bias.add((ty as usize * a.heads as usize + h) * T * T) };
         let wave = gpu::wave_uniform(gpu::thread_id() / gpu::wave_size()) as usize;
         let buf = lds.wrapping_add(3 * T * LS + wave * 16 * BS);
         // SAFETY: the wave's buffer; its first strip.
         unsafe { prefetch_bias(bp, buf, wave) };
         gpu::barrier();
-        let (lq, lk, lv) = (lds, lds.wrapping_add(T * LS), lds.wrapping_add(2 * T * LS));
-        let ch = a.heads as usize * D;
-        let mut strip = wave;
-        while strip < STRIPS {
-            let r0 = 16 * strip;
-            // The strip's bias rows, fetched during the previous strip.
-            gpu::copy_to_workgroup_wait();
-            gpu::wave_barrier();
-            // SAFETY: every tile read below lies in the staged q, k, v
-            // (16-byte aligned rows of LS halves in workgroup memory).
-            let (q0, q1) = unsafe {
-                (
-                    M::load_a(lq.add(r0 * LS), LS),
-                    M::load_a(lq.add(r0 * LS + 16), LS),
-                )
-            };
-            // Per 16-key tile: the scores, then z in place, and the max of
-            // each of the lane's rows.
-            let mut s = [M::zero(); STRIPS];
-            let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
-            crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                // SAFETY: as above.
-                let (k0, k1) = unsafe {
-                    let p = lk.add(16 * n * LS);
-                    (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS))
-                };
-                s[n] = M::mma(q1, k1, M::mma(q0, k0, M::zero()));
-                let acc = s[n].as_mut();
-                let mut e = 0;
-                while e < M::ACC_LEN {
-                    let i = r0 + M::acc_row(e) as usize;
-                    let j = 16 * n + M::acc_col(e) as usize;
-                    // SAFETY: (i, j) and (i, j + 1) lie in the buffered bias
-                    // strip and the mask tile; j is even, so the pairs are
-                    // 4-byte aligned.
-                    let (bb, mb) = unsafe {
-                        (
-                            buf.add((i - r0) * BS + j).cast::<u32>().read(),
-                            if MASK { mp.add(i * T + j).cast::<u32>().read() } else { 0 },
-                        )
-                    };
-                    let (b, m) = (widen2(bb), widen2(mb));
-                    for x in 0..2 {
-                        let z = if MASK {
-                            gpu::fma(acc[e + x], a.scale, m[x]) + b[x]
-                        } else {
-                            gpu::fma(acc[e + x], a.scale, b[x])
-                        };
-                        acc[e + x] = z;
-                        let r = M::acc_slot(e);
-                        mx[r] = mx[r].max(z);
-                    }
-                    e += 2;
-                }
-            });
-            // Every lane is done with the buffer: fetch the wave's next
-            // strip while this one finishes.
-            gpu::wave_barrier();
-            if strip + (ATTN_WAVES as usize) < STRIPS {
-                // SAFETY: as for the first strip.
-                unsafe { prefetch_bias(bp, buf, strip + ATTN_WAVES as usize) };
-            }
-            let mut neg_ml = [0.0f32; MAX_ROWS];
-            for r in 0..M::ROWS {
-                neg_ml[r] = -(M::row_max(mx[r]) * core::f32::consts::LOG2_E);
-            }
-            let mut sum = [0.0f32; MAX_ROWS];
-            let mut p = [M::to_a(M::zero()); STRIPS];
-            crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                let acc = s[n].as_mut();
-                for e in 0..M::ACC_LEN {
-                    let r = M::acc_slot(e);
-                    let x = gpu::exp2_approx(gpu::fma(acc[e], core::f32::consts::LOG2_E, neg_ml[r]));
-                    acc[e] = x;
-                    sum[r] += x;
-                }
-                p[n] = M::to_a(s[n]);
-            });
-            let mut inv = [0.0f32; MAX_ROWS];
-            for r in 0..M::ROWS {
-                inv[r] = 1.0 / M::row_sum(sum[r]);
-            }
-            // Keeps the v reads here: hoisted above the softmax, they raised
-            // the register peak past gfx90a's 128 VGPRs (and spilled).
-            gpu::sched_barrier();
-            let (mut o0, mut o1) = (M::zero(), M::zero());
-            crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-                // SAFETY: as for the k tiles.
-                let (v0, v1) = unsafe {
-                    let p = lv.add(16 * n * LS);
-                    (M::load_b(p, LS), M::load_b(p.add(16), LS))
-                };
-                o0 = M::mma(p[n], v0, o0);
-                o1 = M::mma(p[n], v1, o1);
-                // One tile's v reads at a time on AMD: gfx908 budgets 64
-                // VGPRs (its MFMA results live in AGPRs), and all nine
-                // tiles' reads hoisted together spilled there.
-                gpu::sched_barrier();
-            });
-            for (half, o) in [o0, o1].iter().enumerate() {
-                let o = o.as_ref();
-                let mut e = 0;
-                while e < M::ACC_LEN {
-                    let i = r0 + M::acc_row(e) as usize;
-                    let d = 16 * half + M::acc_col(e) as usize;
-                    let r = M::acc_slot(e);
-                    let pair = pack2(o[e] * inv[r], o[e + 1] * inv[r]);
-                    // SAFETY: token (w, i), channel h * 32 + d of the output
-                    // (caller); d even, so 4-byte aligned.
-                    unsafe {
-                        a.out
-                            .add((w * T + i) * ch + h * D + d)
-                            .cast::<u32>()
-                            .write(pair)
-                    };
-                    e += 2;
-                }
-            }
-            strip += ATTN_WAVES as usize;
+        let l = Tiles {
+            q: lds,
+            k: lds.wrapping_add(T * LS),
+            v: lds.wrapping_add(2 * T * LS),
+            buf,
+            bias: bp,
+            labels: lab,
+        };
+        if !MASK {
+            strips::<M, NO_MASK>(&a, l, wave, w, h);
+        } else if one_region(lab) {
+            strips::<M, ONE_REGION>(&a, l, wave, w, h);
+        } else {
+            strips::<M, LABELS>(&a, l, wave, w, h);
         }
     }
 }
@@ -345,8 +449,8 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
 /// # Safety
 /// `qkv` valid for `windows * 144 * 3 * heads * 32` halves and `out` for a
 /// third of that, `qkv_bias` null or valid for `3 * heads * 32`, `bias`
-/// for `n_types * heads * 144 * 144`, `mask` for `n_slots * 144 * 144`
-/// when `MASK`, `types` (and `slots`) for `windows` entries, all 16-byte
+/// for `n_types * heads * 144 * 144`, `labels` for `n_slots * 144` when
+/// `MASK`, `types` (and `slots`) for `windows` entries, all 16-byte
 /// aligned; `heads >= 1`; launched with `windows * heads` workgroups of
 /// [`ATTN_WAVES`] waves and
 /// [`ATTN_SHARED_BYTES`](wavefuse_shared::geometry::ATTN_SHARED_BYTES) of
@@ -358,7 +462,7 @@ pub unsafe fn window_attention<const MASK: bool>(
     qkv_bias: *const u16,
     out: *mut u16,
     bias: *const u16,
-    mask: *const u16,
+    labels: *const i32,
     types: *const i32,
     slots: *const i32,
     heads: u32,
@@ -371,7 +475,7 @@ pub unsafe fn window_attention<const MASK: bool>(
         qkv_bias,
         out,
         bias,
-        mask,
+        labels,
         types,
         slots,
         heads,
@@ -383,16 +487,17 @@ pub unsafe fn window_attention<const MASK: bool>(
 
 kernel! {
     /// Window attention with the earth bias (no mask).
-    pub fn wf_window_attention_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, mask: *const u16, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32) {
+    pub fn wf_window_attention_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32) {
         // SAFETY: extents, alignment and tables checked by the host API.
-        unsafe { window_attention::<false>(qkv, qkv_bias, out, bias, mask, types, slots, heads, n_types, n_slots, scale) }
+        unsafe { window_attention::<false>(qkv, qkv_bias, out, bias, labels, types, slots, heads, n_types, n_slots, scale) }
     }
 }
 
 kernel! {
-    /// Window attention with the earth bias and the shifted-window mask.
-    pub fn wf_window_attention_mask_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, mask: *const u16, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32) {
+    /// Window attention with the earth bias and the shifted-window mask
+    /// from region labels.
+    pub fn wf_window_attention_mask_144(qkv: *const u16, qkv_bias: *const u16, out: *mut u16, bias: *const u16, labels: *const i32, types: *const i32, slots: *const i32, heads: u32, n_types: u32, n_slots: u32, scale: f32) {
         // SAFETY: extents, alignment and tables checked by the host API.
-        unsafe { window_attention::<true>(qkv, qkv_bias, out, bias, mask, types, slots, heads, n_types, n_slots, scale) }
+        unsafe { window_attention::<true>(qkv, qkv_bias, out, bias, labels, types, slots, heads, n_types, n_slots, scale) }
     }
 }

@@ -10,6 +10,7 @@ use cudarc::driver::{result as cu, sys};
 use std::ffi::{CString, c_void};
 use std::ptr;
 use std::time::Instant;
+use wavefuse_shared::geometry::ATTN_SHARED_BYTES as MAX_SHARED_BYTES;
 
 pub struct Cuda {
     info: DeviceInfo,
@@ -112,6 +113,18 @@ pub fn open(ordinal: usize) -> Result<Cuda> {
         // SAFETY: module is loaded.
         let f = unsafe { cu::module::get_function(c.module, name) }
             .map_err(err("cuModuleGetFunction"))?;
+        // Launches above 48 KiB of dynamic workgroup memory need the
+        // kernel's opt-in (window_attention takes ATTN_SHARED_BYTES); it only
+        // raises the launch limit.
+        // SAFETY: `f` is a function of the loaded module.
+        unsafe {
+            cu::function::set_function_attribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                MAX_SHARED_BYTES as i32,
+            )
+        }
+        .map_err(err("cuFuncSetAttribute"))?;
         c.funcs.push(f);
     }
     c.stream =

@@ -8,6 +8,7 @@ pub mod gather;
 pub mod layer_norm;
 pub mod layer_norm_gather;
 pub mod qkv_split;
+pub mod region_labels;
 pub mod window_attention;
 
 use crate::buffer::Span;

@@ -8,10 +8,13 @@
 //! Shapes: `qkv` [windows * 144, 3C] f16, per token `[q(C) | k(C) | v(C)]`
 //! with C = heads x 32 head-major (PyTorch's
 //! `qkv.reshape(B_, 144, 3, heads, 32)`); optional `qkv_bias` [3C] f16;
-//! the earth-specific bias, its window -> type table and the optional
-//! shift mask with its window -> slot table exactly as for
-//! [`crate::bias_mask_softmax`] ([`AttnBias`]); `out` [windows * 144, C]
-//! f16, token-major, head-major within a token (`(attn @ v).transpose(1,
+//! the earth-specific bias [types, heads, 144, 144] f16 with its window ->
+//! type table and the optional shift mask as region labels with its
+//! window -> slot table ([`WindowBias`], [`RegionMask`]: the mask is 0
+//! between tokens of one region, -100 otherwise, exactly the tile that
+//! [`RegionLabels::mask_tile`](crate::RegionLabels::mask_tile) writes for
+//! [`crate::bias_mask_softmax`]); `out` [windows * 144, C] f16,
+//! token-major, head-major within a token (`(attn @ v).transpose(1,
 //! 2).reshape(B_, 144, C)`: what the output projection reads).
 //!
 //! Rounding contract (per query row `i`, key `j`):
@@ -44,14 +47,14 @@
 //! `z`; an exponential moves by its argument's absolute error), `dz_max`
 //! the same for the row's maximum plus `2^-22 |max|`, and the last term
 //! the f16 underflow of tiny weights. A row whose scores hold NaN or +inf,
-//! or are all -inf, is NaN (as `torch.softmax`); with the planner's masks
-//! (0 / -100) no row is fully masked.
+//! or are all -inf (a bias row of -inf), is NaN (as `torch.softmax`); a
+//! label mask never masks a whole row (a token shares its own region).
 //!
-//! Measured on the H200 (BENCHMARKS.md): against this bound the kernel's
-//! worst element was 0.46 of it, SDPA's 0.42 and PyTorch's unfused f16
-//! chain's 2.2 (it rounds `q * scale`, the scores and the sums to f16).
+//! BENCHMARKS.md records the worst errors of the kernel, of SDPA and of
+//! PyTorch's unfused f16 chain against this bound on the H200.
 use super::Check;
-use super::bias_mask_add::AttnBias;
+use super::bias_mask_add::WindowTable;
+use super::region_labels::RegionMask;
 use crate::backend::Launch;
 use crate::buffer::{Span, View, ViewMut};
 use crate::device::AsStream;
@@ -64,6 +67,17 @@ use wavefuse_shared::geometry::{ATTN_HEAD_DIM, ATTN_SHARED_BYTES, ATTN_T, ATTN_W
 pub const ATTN_HEAD_DIMS: [usize; 1] = [ATTN_HEAD_DIM as usize];
 /// Tokens per window with a kernel.
 pub const ATTN_TOKENS: [usize; 1] = [ATTN_T as usize];
+
+/// What is added to the scores of a window attention.
+#[derive(Clone, Copy)]
+pub struct WindowBias<'a> {
+    /// Earth-specific bias [types, heads, 144, 144] f16, `types == ty.bound()`.
+    pub bias: &'a View<'a, f16>,
+    /// Window -> bias type (its length is the number of windows).
+    pub ty: &'a WindowTable,
+    /// The shift mask as region labels, for shifted-window blocks.
+    pub mask: Option<RegionMask<'a>>,
+}
 
 /// Shape and scale of a window attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -97,9 +111,10 @@ impl WindowAttention {
 /// Errors, all before any launch: `head_dim != 32` or
 /// `tokens_per_window != 144` ([`Error::UnsupportedWidth`]); `heads == 0`
 /// or too large, or a non-finite `scale` ([`Error::BadParameter`]); `qkv`,
-/// `out`, `qkv_bias`, the bias or the mask
-/// of a length that disagrees with the windows, heads, types or slots
-/// ([`Error::LengthMismatch`]); misaligned buffers
+/// `out`, `qkv_bias`, the bias or the labels of a length that disagrees
+/// with the windows, heads, types, slots or 144 tokens
+/// ([`Error::LengthMismatch`]; labels out of range are rejected when
+/// [`RegionLabels`](crate::RegionLabels) are built); misaligned buffers
 /// ([`Error::Misaligned`]); buffers of another device
 /// ([`Error::WrongDevice`]); `out` overlapping an input
 /// ([`Error::Aliasing`]); more workgroups than one launch takes
@@ -108,7 +123,7 @@ pub fn window_attention(
     q: &impl AsStream,
     qkv: &View<'_, f16>,
     qkv_bias: Option<&View<'_, f16>>,
-    ab: &AttnBias<'_>,
+    ab: &WindowBias<'_>,
     out: &mut ViewMut<'_, f16>,
     p: &WindowAttention,
 ) -> Result<()> {
@@ -190,17 +205,29 @@ pub fn window_attention(
         }
         None => In::null(),
     };
-    let (mask, slot, n_slots) = match ab.mask {
+    let (labels, slot, n_slots) = match ab.mask {
         Some(m) => {
-            let (ms, ss) = (Span::from(m.mask), Span::from(&m.slot.table()));
-            c.same_device(&ms, "mask")?;
+            let (ls, ss) = (Span::from(&m.labels.labels()), Span::from(&m.slot.table()));
+            c.same_device(&ls, "labels")?;
             c.same_device(&ss, "slot")?;
             c.len(&ss, "slot", windows)?;
-            c.len(&ms, "mask", m.slot.bound().saturating_mul(t * t))?;
-            c.aligned(&ms, "mask")?;
-            c.disjoint(&os, "out", &ms, "mask")?;
+            if m.labels.tokens() != t {
+                return Err(Error::LengthMismatch {
+                    op: c.op,
+                    what: "labels",
+                    got: m.labels.tokens(),
+                    expected: t,
+                });
+            }
+            c.len(&ls, "labels", m.slot.bound().saturating_mul(t))?;
+            c.aligned(&ls, "labels")?;
+            c.disjoint(&os, "out", &ls, "labels")?;
             c.disjoint(&os, "out", &ss, "slot")?;
-            (m.mask.arg(), m.slot.table().arg(), m.slot.bound() as u32)
+            (
+                m.labels.labels().arg(),
+                m.slot.table().arg(),
+                m.slot.bound() as u32,
+            )
         }
         None => (In::null(), In::null(), 0),
     };
@@ -220,9 +247,9 @@ pub fn window_attention(
     } else {
         launch::wf_window_attention_144
     };
-    // SAFETY: lengths, tables (validated at construction), alignment,
-    // devices and aliasing checked above; the workgroup memory and block
-    // size are the kernel's (wavefuse_shared::geometry).
+    // SAFETY: lengths, tables and labels (validated at construction),
+    // alignment, devices and aliasing checked above; the workgroup memory
+    // and block size are the kernel's (wavefuse_shared::geometry).
     unsafe {
         kernel(
             c.q,
@@ -231,7 +258,7 @@ pub fn window_attention(
             qkv_bias_arg,
             out.arg(),
             ab.bias.arg(),
-            mask,
+            labels,
             ab.ty.table().arg(),
             slot,
             heads as u32,

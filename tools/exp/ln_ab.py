@@ -1,0 +1,230 @@
+"""A/B timing of LayerNorm-family PTX builds in one process on one GPU.
+
+    python3 ln_ab.py NAME=PATH.ptx [NAME=PATH.ptx ...] [--reps N] [--rounds R]
+
+Every build's kernels run on the same tensors (input sets rotated past the
+L2), interleaved build by build and round by round; each timing is the
+median of N launches measured by CUDA events, the launches queued behind a
+sleep kernel so that the host's launch rate cannot show. Each build's
+outputs are checked once per case against an f64 LayerNorm of the same f16
+input (max error in f16 ulps; `y` and, for add+LN, the residual bits).
+Launch geometry mirrors wavefuse_shared (RowLayout::for_width, AddLnShape,
+ROW_BLOCK = 256 threads); a wrong geometry fails the check.
+"""
+import argparse
+import ctypes
+import statistics
+
+import torch
+
+ROW_BLOCK = 256
+LANES = {192: 8, 384: 16, 768: 32}
+EPS = 1e-5
+L2_BYTES = 50 << 20
+
+
+class Module:
+    def __init__(self, cu, path):
+        self.cu = cu
+        with open(path, "rb") as f:
+            ptx = f.read().replace(b"\0", b"") + b"\0"
+        self.mod = ctypes.c_void_p()
+        rc = cu.cuModuleLoadData(ctypes.byref(self.mod), ctypes.c_char_p(ptx))
+        if rc:
+            raise RuntimeError(f"cuModuleLoadData({path}): {rc}")
+        self.funcs = {}
+
+    def launch(self, name, grid, block, args):
+        if name not in self.funcs:
+            f = ctypes.c_void_p()
+            rc = self.cu.cuModuleGetFunction(ctypes.byref(f), self.mod, name.encode())
+            if rc:
+                raise RuntimeError(f"cuModuleGetFunction({name}): {rc}")
+            self.funcs[name] = f
+        params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        rc = self.cu.cuLaunchKernel(self.funcs[name], grid, 1, 1, block, 1, 1, 0, stream, params, None)
+        if rc:
+            raise RuntimeError(f"cuLaunchKernel({name}): {rc}")
+
+
+def p(t):
+    return ctypes.c_uint64(t.data_ptr() if t is not None else 0)
+
+
+def u64(v):
+    return ctypes.c_uint64(v)
+
+
+def partition_table(z, h, w, wz=2, wh=6, ww=12):
+    """Pangu's window partition (no shift): output token order (window, token
+    in window); -1 where the padded grid has no source token."""
+    hp, wp = -(-h // wh) * wh, -(-w // ww) * ww
+    zi = torch.arange(z).view(z // wz, wz, 1, 1, 1, 1)
+    hi = torch.arange(hp).view(1, 1, hp // wh, wh, 1, 1)
+    wi = torch.arange(wp).view(1, 1, 1, 1, wp // ww, ww)
+    zi, hi, wi = torch.broadcast_tensors(zi, hi, wi)
+    src = (zi * h + hi) * w + wi
+    src = torch.where((hi < h) & (wi < w), src, torch.full_like(src, -1))
+    # (Z', wz, H', wh, W', ww) -> (Z', H', W', wz, wh, ww)
+    return src.permute(0, 2, 4, 1, 3, 5).reshape(-1).to(torch.int32)
+
+
+def ln_ref(x64, g, b):
+    m = x64.mean(-1, keepdim=True)
+    v = ((x64 - m) ** 2).mean(-1, keepdim=True)
+    y = (x64 - m) / torch.sqrt(v + EPS)
+    if g is not None:
+        y = y * g.double() + b.double()
+    return y
+
+
+def ulps(got, ref64):
+    """max |got - ref| in f16 ulps of the reference (2^-24 below normal)."""
+    r = ref64.abs().clamp(min=2.0 ** -14)
+    ulp = torch.exp2(torch.floor(torch.log2(r)) - 10)
+    return ((got.double() - ref64).abs() / ulp).max().item()
+
+
+def cases(dev):
+    out = []
+    for rows, w in [(131040, 192), (32760, 384), (521280, 192), (131040, 384)]:
+        out.append(("layer_norm", (rows, w), False))
+    out.append(("layer_norm", (131040, 192), True))
+    for rows, w in [(131040, 192), (32760, 384), (521280, 192), (131040, 384)]:
+        out.append(("add_layer_norm", (rows, w), False))
+    for g in [(8, 91, 180, 192), (8, 181, 360, 192), (8, 91, 180, 384)]:
+        out.append(("layer_norm_gather", g, False))
+    for g in [(8, 91, 180, 192), (8, 181, 360, 192), (8, 91, 180, 384)]:
+        out.append(("add_layer_norm_gather", g, False))
+    return out
+
+
+def make(kind, shape, affine, dev):
+    """(bytes moved, input sets, launch(mod, set) -> outputs, check(set, outputs) -> ulps)."""
+    if kind in ("layer_norm", "add_layer_norm"):
+        rows, w = shape
+        table = None
+    else:
+        z, h, ww_, w = shape
+        rows = z * h * ww_
+        table = partition_table(z, h, ww_).to(dev)
+    n_out = table.numel() if table is not None else rows
+    g = (torch.randn(w, device=dev) * 0.5 + 1).half() if affine else None
+    b = (torch.randn(w, device=dev) * 0.5).half() if affine else None
+    two = kind.startswith("add")
+    per_set = rows * w * 2 * (2 if two else 1) + n_out * w * 2 + (rows * w * 2 if two else 0)
+    nsets = max(2, -(-3 * L2_BYTES // per_set))
+    sets = []
+    for _ in range(nsets):
+        x = (torch.randn(rows, w, device=dev) * 2 + 0.5).half()
+        br = (torch.randn(rows, w, device=dev)).half() if two else None
+        sets.append({"x": x, "br": br, "y": torch.empty(n_out, w, device=dev, dtype=torch.half),
+                     "r": torch.empty_like(x) if two else None})
+    suffix = ("_affine" if affine else "") + f"_{w}"
+    lanes = LANES[w]
+
+    def launch(mod, s):
+        if kind == "layer_norm":
+            mod.launch("wf_layer_norm" + suffix, -(-rows // (ROW_BLOCK // lanes)), ROW_BLOCK,
+                       [p(s["x"]), p(s["y"]), p(g), p(b), u64(rows), ctypes.c_float(EPS)])
+        elif kind == "add_layer_norm":
+            per_block, block = (2, 32) if w == 384 else (ROW_BLOCK // 32, ROW_BLOCK)
+            mod.launch("wf_add_layer_norm" + suffix, -(-rows // per_block), block,
+                       [p(s["x"]), p(s["br"]), p(s["r"]), p(s["y"]), p(g), p(b), u64(rows),
+                        ctypes.c_float(EPS)])
+        elif kind == "layer_norm_gather":
+            mod.launch("wf_layer_norm_gather" + suffix, -(-n_out // (ROW_BLOCK // lanes)), ROW_BLOCK,
+                       [p(s["x"]), p(table), p(s["y"]), p(g), p(b), u64(n_out), u64(rows),
+                        ctypes.c_float(EPS)])
+        else:
+            mod.launch("wf_add_layer_norm_gather" + suffix, -(-n_out // (ROW_BLOCK // lanes)), ROW_BLOCK,
+                       [p(s["x"]), p(s["br"]), p(s["r"]), p(table), p(s["y"]), p(g), p(b), u64(n_out),
+                        u64(rows), ctypes.c_float(EPS)])
+
+    def check(s):
+        src = s["x"]
+        res = {}
+        if two:
+            rsum = (s["x"].float() + s["br"].float()).half()
+            res["residual_bits_equal"] = bool(torch.equal(rsum, s["r"]))
+            src = rsum
+        x64 = src.double()
+        if table is not None:
+            idx = table.long()
+            rows64 = torch.zeros(n_out, w, dtype=torch.float64, device=dev)
+            ok = idx >= 0
+            rows64[ok] = x64[idx[ok]]
+            ref = ln_ref(rows64, g, b)
+            ref[~ok] = 0.0
+        else:
+            ref = ln_ref(x64, g, b)
+        res["max_ulp"] = round(ulps(s["y"], ref), 3)
+        return res
+
+    nbytes = per_set
+    return nbytes, sets, launch, check
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("builds", nargs="+")
+    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    cu = ctypes.CDLL("libcuda.so.1")
+    cu.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
+        ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    torch.cuda.init()
+    dev = torch.device("cuda")
+    torch.zeros(1, device=dev)
+    mods = []
+    for spec in a.builds:
+        name, path = spec.split("=", 1)
+        mods.append((name, Module(cu, path)))
+    print("gpu:", torch.cuda.get_device_name(), "| torch", torch.__version__)
+    torch.manual_seed(0)
+    names = [n for n, _ in mods]
+    print("| case | " + " | ".join(f"{n} µs (rounds)" for n in names) + " | "
+          + " | ".join(f"{n}/{names[0]}" for n in names[1:]) + " | max ulp | GB/s (" + names[-1] + ") |")
+    print("|---|" + "---:|" * (2 * len(names) - 1) + "---|---:|")
+    for kind, shape, affine in cases(dev):
+        label = f"{kind}{'_affine' if affine else ''} {list(shape)}"
+        if a.only and a.only not in label:
+            continue
+        nbytes, sets, launch, check = make(kind, shape, affine, dev)
+        checks = {}
+        for name, mod in mods:
+            for s in sets:
+                s["y"].fill_(float("nan"))
+                if s["r"] is not None:
+                    s["r"].fill_(float("nan"))
+            launch(mod, sets[0])
+            torch.cuda.synchronize()
+            checks[name] = check(sets[0])
+        times = {n: [] for n in names}
+        for _ in range(a.rounds):
+            for name, mod in mods:
+                for i in range(5):
+                    launch(mod, sets[i % len(sets)])
+                ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(a.reps)]
+                torch.cuda._sleep(int(2e7))
+                for i, (e0, e1) in enumerate(ev):
+                    e0.record()
+                    launch(mod, sets[i % len(sets)])
+                    e1.record()
+                torch.cuda.synchronize()
+                times[name].append(statistics.median(e0.elapsed_time(e1) * 1e3 for e0, e1 in ev))
+        med = {n: statistics.median(t) for n, t in times.items()}
+        cells = [f"{med[n]:.2f} ({' / '.join(f'{t:.2f}' for t in times[n])})" for n in names]
+        ratios = [f"{med[n] / med[names[0]]:.3f}" for n in names[1:]]
+        ck = "; ".join(f"{n}: {c}" for n, c in checks.items())
+        print(f"| {label} | " + " | ".join(cells) + " | " + " | ".join(ratios)
+              + f" | {ck} | {nbytes / med[names[-1]] / 1e3:.0f} |", flush=True)
+        del sets
+
+
+if __name__ == "__main__":
+    main()
