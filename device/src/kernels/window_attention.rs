@@ -71,13 +71,11 @@ const D: usize = ATTN_HEAD_DIM as usize;
 const LS: usize = ATTN_LDS_STRIDE as usize;
 /// 16-row query strips (and 16-key tiles) per window.
 const STRIPS: usize = T / 16;
-/// 16-byte vectors of q, k and v per window and head.
-const VECS: usize = 3 * T * D / 8;
-/// Vectors per thread: 18 for three warps of 32 (9 of them used for three
-/// waves of 64).
-const PER_THREAD: usize = VECS / (ATTN_WAVES as usize * 32);
-const _: () = assert!(T.is_multiple_of(16) && VECS.is_multiple_of(ATTN_WAVES as usize * 32));
-const _: () = assert!(PER_THREAD == 18);
+/// 16-byte vectors of q, k and v per thread: 18 for three warps of 32 (9
+/// of them used for three waves of 64).
+const PER_THREAD: usize = 3 * T * D / 8 / (ATTN_WAVES as usize * 32);
+const _: () = assert!(T.is_multiple_of(16) && (ATTN_WAVES * 32).is_multiple_of(12));
+const _: () = assert!(PER_THREAD == 18 && T.is_multiple_of(ATTN_WAVES as usize * 64 / 12));
 
 /// The kernel's arguments (see [`window_attention`]).
 #[derive(Clone, Copy)]
@@ -97,47 +95,64 @@ struct Args {
 
 struct Attention<const MASK: bool>(Args);
 
+/// This thread's share of the window's q, k and v copy: `(t0, part, c,
+/// rows)`: token rows `t0, t0 + rows, ..`, part `part` (q, k, v), quarter
+/// `c` of the head row (16 bytes). The workgroup's thread count is a
+/// multiple of 12, so part and quarter are the same for all of a thread's
+/// pieces and its addresses advance by constant steps (index arithmetic
+/// per piece, with 64-bit divisions by 12, was a third of the kernel's
+/// instructions).
+#[inline(always)]
+fn qkv_share() -> (usize, usize, usize, usize) {
+    let tid = gpu::thread_id();
+    let threads = ATTN_WAVES * gpu::wave_size();
+    let c12 = tid % 12;
+    (
+        (tid / 12) as usize,
+        (c12 / 4) as usize,
+        (c12 % 4) as usize,
+        (threads / 12) as usize,
+    )
+}
+
 /// Copies the window's q, k and v rows of head `h` into workgroup memory
-/// (all loads issued before the stores), adding the QKV bias when `BIAS`.
+/// (all loads issued before the stores), adding the QKV bias.
 ///
 /// # Safety
 /// As for [`window_attention`]; `lds` holds three 144-row tiles.
 // Index loops over register arrays unroll; iterators do not always.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn stage<const BIAS: bool>(a: &Args, lds: *mut u16, w: usize, h: usize) {
+unsafe fn stage(a: &Args, lds: *mut u16, w: usize, h: usize) {
     let ch = a.heads as usize * D;
-    let tid = gpu::thread_id() as usize;
-    let nthreads = (ATTN_WAVES * gpu::wave_size()) as usize;
+    let (t0, part, c, rows) = qkv_share();
     // A constant on the GPU targets (18 or 9), so the unused slots of the
     // wave64 build vanish at compile time.
-    let per = VECS / nthreads;
+    let per = T / rows;
+    let src = a
+        .qkv
+        .wrapping_add((w * T + t0) * 3 * ch + part * ch + h * D + 8 * c);
+    let dst = lds.wrapping_add((part * T + t0) * LS + 8 * c);
+    // SAFETY: part * C + h * 32 + 8c < 3C; aligned (caller).
+    let b = unsafe { load8_bits(a.qkv_bias.add(part * ch + h * D + 8 * c)) };
     let mut v = [[0u32; 4]; PER_THREAD];
     crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
-        let i = tid + j * nthreads;
         if j < per {
-            // Item i: token row t, part (q, k, v), quarter c of the head row;
-            // consecutive items read consecutive 16 bytes of a row.
-            let (t, part, c) = (i / 12, (i % 12) / 4, i % 4);
-            let src = (w * T + t) * 3 * ch + part * ch + h * D + 8 * c;
-            // SAFETY: the row lies in qkv (caller); 16-byte aligned.
-            let x = unsafe { load8_bits(a.qkv.add(src)) };
-            // SAFETY: part * C + h * 32 + 8c < 3C; aligned (caller).
-            let b = if BIAS { unsafe { load8_bits(a.qkv_bias.add(part * ch + h * D + 8 * c)) } } else { V8([0; 4]) };
+            // SAFETY: token row t0 + j * rows < 144 of the window (caller);
+            // 16-byte aligned.
+            let x = unsafe { load8_bits(src.add(j * rows * 3 * ch)) };
             // Word by word (a whole-vector copy left the array in local
             // memory on NVPTX).
             for k in 0..4 {
-                v[j][k] = if BIAS { gpu::add_h2(x.0[k], b.0[k]) } else { x.0[k] };
+                v[j][k] = gpu::add_h2(x.0[k], b.0[k]);
             }
         }
     });
     crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
-        let i = tid + j * nthreads;
         if j < per {
-            let (t, part, c) = (i / 12, (i % 12) / 4, i % 4);
             // SAFETY: inside the three tiles; rows of 80 bytes keep the
             // 16-byte alignment.
-            unsafe { store8_bits(lds.add((part * T + t) * LS + 8 * c), V8(v[j])) };
+            unsafe { store8_bits(dst.add(j * rows * LS), V8(v[j])) };
         }
     });
 }
@@ -150,25 +165,25 @@ unsafe fn stage<const BIAS: bool>(a: &Args, lds: *mut u16, w: usize, h: usize) {
 #[inline(always)]
 unsafe fn copy(a: &Args, lds: *mut u16, w: usize, h: usize) {
     let ch = a.heads as usize * D;
-    let tid = gpu::thread_id() as usize;
-    let nthreads = (ATTN_WAVES * gpu::wave_size()) as usize;
-    let mut i = tid;
-    while i < VECS {
-        let (t, part, c) = (i / 12, (i % 12) / 4, i % 4);
-        // SAFETY: the row lies in qkv, the destination in the tiles; both
-        // 16-byte aligned (caller).
-        unsafe {
-            gpu::copy_to_workgroup(
-                lds.add((part * T + t) * LS + 8 * c),
-                a.qkv.add((w * T + t) * 3 * ch + part * ch + h * D + 8 * c),
-            )
-        };
-        i += nthreads;
+    let (t0, part, c, rows) = qkv_share();
+    let mut src = a
+        .qkv
+        .wrapping_add((w * T + t0) * 3 * ch + part * ch + h * D + 8 * c);
+    let mut dst = lds.wrapping_add((part * T + t0) * LS + 8 * c);
+    let mut t = t0;
+    while t < T {
+        // SAFETY: token row t < 144 of the window in qkv, the destination
+        // in the tiles; both 16-byte aligned (caller).
+        unsafe { gpu::copy_to_workgroup(dst, src) };
+        src = src.wrapping_add(rows * 3 * ch);
+        dst = dst.wrapping_add(rows * LS);
+        t += rows;
     }
     gpu::copy_to_workgroup_wait();
 }
 
 const BS: usize = ATTN_BIAS_STRIDE as usize;
+const _: () = assert!(BS == T + 8);
 
 /// Starts copying the bias rows of query strip `strip` to this wave's
 /// buffer `buf` (16 rows of 144 halves, 16-byte pieces spread over the wave).
@@ -177,19 +192,17 @@ const BS: usize = ATTN_BIAS_STRIDE as usize;
 /// `bp` the (type, head) bias tile, `buf` 16 x BS halves of workgroup memory.
 #[inline(always)]
 unsafe fn prefetch_bias(bp: *const u16, buf: *mut u16, strip: usize) {
-    let ws = gpu::wave_size() as usize;
-    let lane = gpu::thread_id() as usize % ws;
-    let mut c = lane;
+    let ws = gpu::wave_size();
+    // The strip's 16 rows are 288 consecutive pieces of the tile; piece c
+    // goes to row c / 18 of the buffer, whose rows are one piece longer.
+    let src = bp.wrapping_add(16 * strip * T);
+    let mut c = gpu::thread_id() % ws;
     while c < 16 * 18 {
-        let (r, q) = (c / 18, c % 18);
-        // SAFETY: row 16 strip + r < 144 of the tile; 16-byte pieces of
-        // 16-byte aligned rows (288 and 304 bytes long).
-        unsafe {
-            gpu::copy_to_workgroup(
-                buf.add(r * BS + 8 * q),
-                bp.add((16 * strip + r) * T + 8 * q),
-            )
-        };
+        let r = c / 18;
+        // SAFETY: piece c of the strip (row 16 strip + c / 18 < 144 of the
+        // tile) and of the buffer; 16-byte aligned (rows of 288 and 304
+        // bytes).
+        unsafe { gpu::copy_to_workgroup(buf.add(8 * (c + r) as usize), src.add(8 * c as usize)) };
         c += ws;
     }
 }
@@ -415,7 +428,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
             if a.qkv_bias.is_null() {
                 copy(&a, lds, w, h)
             } else {
-                stage::<true>(&a, lds, w, h);
+                stage(&a, lds, w, h);
                 gpu::copy_to_workgroup_wait();
             }
         };
