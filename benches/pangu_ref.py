@@ -326,12 +326,53 @@ def check(args):
     return 0 if ok else 1
 
 
+class Barrier:
+    """PANGU_BENCH_BARRIER=DIR,N,TIMEOUT_S: for benches run side by side
+    with other GPU work (e.g. one process per scale under max-autotune,
+    whose compile is mostly CPU time): a participant's first timing waits
+    until N participants have written DIR/ready.* (compiles and other GPU
+    work done) or TIMEOUT_S passed, and every timing holds DIR/lock, so no
+    timed loop overlaps another participant's GPU work."""
+
+    def __init__(self):
+        spec = os.environ.get("PANGU_BENCH_BARRIER")
+        self.dir = None
+        if spec:
+            d, n, t = spec.split(",")
+            self.dir, self.n, self.timeout = d, int(n), float(t)
+            os.makedirs(d, exist_ok=True)
+        self.ready = False
+
+    def __enter__(self):
+        if self.dir is None:
+            return self
+        import fcntl
+        if not self.ready:
+            open(os.path.join(self.dir, f"ready.{os.getpid()}"), "w").close()
+            self.ready = True
+            t0 = time.time()
+            while sum(f.startswith("ready.") for f in os.listdir(self.dir)) < self.n:
+                if time.time() - t0 > self.timeout:
+                    print(f"barrier: timed out after {self.timeout:.0f} s; timing anyway", flush=True)
+                    break
+                time.sleep(0.5)
+        self.lock = open(os.path.join(self.dir, "lock"), "w")
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.dir is not None:
+            self.lock.close()
+        return False
+
+
 def bench(args):
     dev = device_of(args)
     cuda = dev.type == "cuda"  # the CPU path is a smoke test of the harness (tiny scale)
     import torch._dynamo
 
     torch.backends.cuda.matmul.allow_tf32 = False
+    barrier = Barrier()
     for scale in args.scales:
         sd = load_safetensors(os.path.join(args.dir, f"pangu_{scale}.safetensors"))
         m = Stage(sd, scale, torch.float16, dev).eval()
@@ -351,6 +392,9 @@ def bench(args):
                 with torch.no_grad():
                     for i in range(3):  # compile + warm-up
                         fn(xs[i % 3])
+                    prep = time.time() - t0
+                    barrier.__enter__()
+                    fn(xs[0])  # warm again after a wait at the barrier
                     base = peak = 0
                     if cuda:
                         torch.cuda.synchronize()
@@ -359,7 +403,6 @@ def bench(args):
                         fn(xs[0])
                         torch.cuda.synchronize()
                         peak = torch.cuda.max_memory_allocated()
-                    prep = time.time() - t0
                     times = []
                     for i in range(args.reps):
                         if cuda:
@@ -374,6 +417,7 @@ def bench(args):
                             t1 = time.perf_counter()
                             fn(xs[i % 3])
                             times.append((time.perf_counter() - t1) * 1e6)
+                    barrier.__exit__()
                 times.sort()
                 med = times[len(times) // 2]
                 rec = {"kind": "time", "scale": scale, "impl": f"torch-{mode}", "part": part,

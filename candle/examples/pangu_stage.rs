@@ -8,8 +8,11 @@
 //! ```text
 //! pangu_stage [--scale s1|s2|tiny] [--weights FILE | --random SEED]
 //!             [--build candle,wavefuse,wavefuse-unfused] [--device cpu|cuda]
-//!             [--out DIR] [--reps N] [--breakdown N]
+//!             [--out DIR [--dump]] [--reps N] [--breakdown N]
 //! ```
+//! `--dump`: one more stage forward per build that keeps every step's
+//! operands and results, written to `DIR/steps_<build>_<scale>.safetensors`
+//! (`benches/pangu_rounding.py` compares them with PyTorch step by step).
 //! `--breakdown N`: N more stage forwards per build with a timestamp at
 //! every step boundary (CUDA events on candle's stream), printed as each
 //! step's median and the medians summed by step name.
@@ -38,6 +41,136 @@ impl Build {
             Build::Candle(o) => o.probe(),
             Build::Wavefuse(o) => o.probe(),
         }
+    }
+}
+
+/// A build's ops that also keep every step's operands and results
+/// (`--dump`): tensors named `b{block}.{step}.{operand}`, for
+/// `benches/pangu_rounding.py`'s step-by-step comparison with PyTorch.
+struct Dump<'a> {
+    inner: &'a dyn StageOps,
+    block: std::cell::Cell<usize>,
+    kept: std::cell::RefCell<HashMap<String, Tensor>>,
+}
+
+impl<'a> Dump<'a> {
+    fn new(inner: &'a dyn StageOps) -> Dump<'a> {
+        Dump {
+            inner,
+            block: std::cell::Cell::new(0),
+            kept: std::cell::RefCell::new(HashMap::new()),
+        }
+    }
+
+    fn keep(&self, step: &str, ts: &[(&str, &Tensor)]) -> candle_core::Result<()> {
+        let b = self.block.get();
+        for (name, t) in ts {
+            // A copy: the in-place steps update some operands later.
+            let c = t.copy()?;
+            self.kept
+                .borrow_mut()
+                .insert(format!("b{b}.{step}.{name}"), c);
+        }
+        Ok(())
+    }
+}
+
+impl StageOps for Dump<'_> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn norm_partition(
+        &self,
+        x: &Tensor,
+        norm: &pangu::Affine,
+        win: &pangu::Windowing,
+    ) -> candle_core::Result<Tensor> {
+        self.keep("norm_partition", &[("x", x)])?;
+        let h = self.inner.norm_partition(x, norm, win)?;
+        self.keep("norm_partition", &[("h", &h)])?;
+        Ok(h)
+    }
+
+    fn add_norm_partition(
+        &self,
+        x: &Tensor,
+        d: &Tensor,
+        norm: &pangu::Affine,
+        win: &pangu::Windowing,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        self.block.set(self.block.get() + 1);
+        self.keep("add_norm_partition", &[("x", x), ("d", d)])?;
+        let (x, h) = self.inner.add_norm_partition(x, d, norm, win)?;
+        self.keep("add_norm_partition", &[("sum", &x), ("h", &h)])?;
+        Ok((x, h))
+    }
+
+    fn qkv<'w>(
+        &self,
+        h: &Tensor,
+        w: &'w pangu::weights::BlockWeights,
+    ) -> candle_core::Result<(Tensor, Option<&'w Tensor>)> {
+        self.inner.qkv(h, w)
+    }
+
+    fn attention(
+        &self,
+        qkv: &Tensor,
+        qkv_bias: Option<&Tensor>,
+        earth_bias: &Tensor,
+        heads: usize,
+        win: &pangu::Windowing,
+    ) -> candle_core::Result<Tensor> {
+        self.keep("attention", &[("qkv", qkv)])?;
+        let o = self
+            .inner
+            .attention(qkv, qkv_bias, earth_bias, heads, win)?;
+        self.keep("attention", &[("o", &o)])?;
+        Ok(o)
+    }
+
+    fn proj(
+        &self,
+        o: &Tensor,
+        w: &pangu::weights::BlockWeights,
+        win: &pangu::Windowing,
+    ) -> candle_core::Result<Tensor> {
+        let a = self.inner.proj(o, w, win)?;
+        self.keep("proj", &[("a", &a)])?;
+        Ok(a)
+    }
+
+    fn mlp(&self, h: &Tensor, w: &pangu::weights::BlockWeights) -> candle_core::Result<Tensor> {
+        let m = self.inner.mlp(h, w)?;
+        self.keep("mlp", &[("m", &m)])?;
+        if self.inner.name() == "wavefuse" {
+            // The wavefuse MLP's first half again, its steps kept.
+            let a = wavefuse_candle::linear(h, &w.fc1.w, &w.fc1.b)?;
+            let g = wavefuse_candle::bias_gelu(&a, &w.fc1.zero, wavefuse_candle::GeluMode::Erf)?;
+            self.keep("mlp", &[("fc1", &a), ("gelu", &g)])?;
+        }
+        Ok(m)
+    }
+
+    fn unpartition_add_norm(
+        &self,
+        x: &Tensor,
+        branch: &Tensor,
+        norm2: &pangu::Affine,
+        win: &pangu::Windowing,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        self.keep("unpartition_add_norm", &[("x", x)])?;
+        let (x, h) = self.inner.unpartition_add_norm(x, branch, norm2, win)?;
+        self.keep("unpartition_add_norm", &[("sum", &x), ("h", &h)])?;
+        Ok((x, h))
+    }
+
+    fn add(&self, x: &Tensor, d: &Tensor) -> candle_core::Result<Tensor> {
+        self.keep("add", &[("x", x), ("d", d)])?;
+        let y = self.inner.add(x, d)?;
+        self.keep("add", &[("y", &y)])?;
+        Ok(y)
     }
 }
 
@@ -83,6 +216,7 @@ struct Args {
     out: Option<String>,
     reps: usize,
     breakdown: usize,
+    dump: bool,
 }
 
 fn parse() -> Res<Args> {
@@ -95,6 +229,7 @@ fn parse() -> Res<Args> {
         out: None,
         reps: 20,
         breakdown: 0,
+        dump: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -108,6 +243,7 @@ fn parse() -> Res<Args> {
             "--out" => a.out = Some(v()?),
             "--reps" => a.reps = v()?.parse()?,
             "--breakdown" => a.breakdown = v()?.parse()?,
+            "--dump" => a.dump = true,
             _ => {
                 return Err(format!("unknown argument {k} (see the example's doc comment)").into());
             }
@@ -309,6 +445,13 @@ fn main() -> Res<()> {
             let outs = HashMap::from([("y".to_string(), y.clone()), ("y_block0".to_string(), y0)]);
             candle_core::safetensors::save(&outs, &path)?;
             println!("{build}: wrote {path}");
+            if a.dump {
+                let d = Dump::new(ops);
+                drop(stage.forward(&d, &x)?);
+                let path = format!("{dir}/steps_{build}_{}.safetensors", a.scale);
+                candle_core::safetensors::save(&d.kept.into_inner(), &path)?;
+                println!("{build}: wrote {path} (every step's operands)");
+            }
         }
         drop(y);
         let parts: &[(&str, Option<usize>)] = if a.reps == 0 {

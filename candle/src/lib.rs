@@ -19,6 +19,7 @@
 //! | [`bias_mask_softmax`], [`bias_mask_softmax_`] | [`BiasMaskSoftmax`] | the same fused with the softmax |
 //! | [`window_attention`] | [`WindowAttention`] | fused window attention from the QKV output (bias, scale, earth bias, shift mask, softmax, `p v`, heads merged) |
 //! | [`BiasAdd::add_`] | [`BiasMaskAdd`] (in place) | a Linear's bias added to its output rows |
+//! | [`linear`] | [`Linear`] | not a wavefuse kernel: cuBLASLt's GEMM with the bias in its epilogue (one rounding), for the stage's Linears |
 //!
 //! Tensors are f16 (the GELU bias may be bf16). Index tables and shift
 //! masks ([`Plan`], [`AttnTables`]) are built once per layout on the
@@ -48,7 +49,9 @@
 //! [`pangu`] holds the Pangu-Weather stage written once against
 //! [`pangu::StageOps`], run either with candle's own ops
 //! ([`pangu::CandleOps`]) or with these ops wherever one applies
-//! ([`pangu::WavefuseOps`]); the GEMMs are candle's in both.
+//! ([`pangu::WavefuseOps`]); the GEMMs are cuBLAS in both (candle's, and
+//! the wavefuse build's Linears through [`linear`], cuBLASLt with the bias
+//! in the epilogue).
 #![deny(missing_docs)]
 
 #[macro_use]
@@ -59,6 +62,7 @@ mod bias;
 mod gather;
 mod gelu;
 mod layer_norm;
+mod linear;
 pub mod pangu;
 mod qkv;
 
@@ -75,5 +79,6 @@ pub use gelu::{BiasGelu, bias_gelu};
 pub use layer_norm::{
     AddLayerNorm, AddLayerNormTo, Affine, LayerNorm, add_layer_norm, add_layer_norm_to, layer_norm,
 };
+pub use linear::{Linear, linear};
 pub use qkv::{HEAD_DIM, QkvSplit, qkv_split};
 pub use wavefuse::GeluMode;

@@ -375,27 +375,170 @@ fn bias_add_matches_candle() {
     assert!(e.contains("no tile side"), "{e}");
 }
 
-/// The augmented MLP channel: `gelu(8 + 0) = 8` exactly, `gelu(0) = 0`, on
-/// every device (what folds the second bias into the second GEMM).
+/// `bias_gelu` with a zero bias is the GELU of its input rounded once,
+/// on every device (what follows the stage's first MLP Linear, whose bias
+/// is in the GEMM's epilogue): within the GELU kernel's one ulp of the
+/// correctly rounded exact GELU, and bit-identical to the bf16-bias path
+/// (which adds the bias in f32, no f16 rounding before the GELU).
 #[test]
-fn gelu_of_the_augmented_channel_is_exact() {
-    let mut x = vec![f16::ZERO; 16 * 8];
-    x[3] = f16::from_f32(-0.0);
-    let x = Tensor::from_vec(x, (16, 8), &Device::Cpu).unwrap();
-    let mut b = vec![f16::ZERO; 8];
-    b[0] = f16::from_f32(8.0);
-    let b = Tensor::from_vec(b, 8, &Device::Cpu).unwrap();
+fn bias_gelu_with_a_zero_bias_is_the_gelu() {
+    let mut rng = Rng(29);
+    let x = rng.halves(&[64, 776], 4.0, 0.0);
+    let xs = f64s(&x);
     for dev in devices() {
-        let y = wavefuse_candle::bias_gelu(
-            &x.to_device(&dev).unwrap(),
-            &b.to_device(&dev).unwrap(),
-            GeluMode::Erf,
-        )
-        .unwrap();
-        for (i, v) in halves_of(&y).iter().enumerate() {
-            let want = if i % 8 == 0 { 8.0 } else { 0.0 };
-            assert_eq!(v.to_f32(), want, "{dev:?} element {i}");
+        let xd = x.to_device(&dev).unwrap();
+        let zero = Tensor::zeros(776, DType::F16, &dev).unwrap();
+        let y = halves_of(&wavefuse_candle::bias_gelu(&xd, &zero, GeluMode::Erf).unwrap());
+        let yb = halves_of(
+            &wavefuse_candle::bias_gelu(&xd, &zero.to_dtype(DType::BF16).unwrap(), GeluMode::Erf)
+                .unwrap(),
+        );
+        assert_eq!(y, yb, "{dev:?}: f16 and bf16 zero bias");
+        let want: Vec<f64> = xs.iter().map(|&v| gelu64(v, false)).collect();
+        let worst = max_ulps(&y, &want);
+        assert!(worst <= 1.0, "{dev:?}: {worst} ulp from gelu(x)");
+    }
+}
+
+/// The f16 spacing at `v` (the subnormal spacing below the normal range).
+fn ulp16(v: f64) -> f64 {
+    let a = v.abs().max(f16::MIN_POSITIVE.to_f64());
+    2f64.powf(a.log2().floor() - 10.0)
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// `x W^T + b` in f64 from the f16 operands, `[rows, out]`, with the sum
+/// of the terms' magnitudes of each output.
+fn linear64(x: &[f64], w: &[f64], b: &[f64], inp: usize) -> Vec<(f64, f64)> {
+    let out = b.len();
+    x.chunks(inp)
+        .flat_map(|r| {
+            (0..out).map(move |o| {
+                let ws = &w[o * inp..(o + 1) * inp];
+                let v = r.iter().zip(ws).map(|(a, c)| a * c).sum::<f64>() + b[o];
+                let m = r.iter().zip(ws).map(|(a, c)| (a * c).abs()).sum::<f64>() + b[o].abs();
+                (v, m)
+            })
+        })
+        .collect()
+}
+
+/// The bias-epilogue Linear against the f64 oracle on every device, each
+/// device on its own (cuBLAS and the CPU's f32 GEMM sum in different
+/// orders): every output within half an f16 ulp of the exact `x W^T + b`
+/// plus twice the f32 accumulator's own bound (`(in + 2) 2^-24` times the
+/// sum of the terms' magnitudes: it only matters where the sum cancels), and
+/// at least 99% of them its correctly rounded f16 value. The second bound
+/// is what one rounding gives with an f32 accumulator (a sum of a few
+/// hundred terms flips a rounding about once in a thousand outputs); a
+/// GEMM output rounded before the bias is added (two roundings) gets about
+/// 80% right.
+/// Shapes: the stage's (in 192 and 384; 776 is more than the CPU f16
+/// GEMM's depth block), odd sizes, and `x` at a 256-byte aligned offset of
+/// a larger storage, whose guard rows stay untouched.
+#[test]
+fn linear_rounds_once_with_the_bias() {
+    for (seed, rows, inp, out) in [
+        (1u64, 200, 192, 576),
+        (2, 131, 384, 96),
+        (3, 64, 776, 40),
+        (4, 37, 24, 10),
+    ] {
+        let mut rng = Rng(seed);
+        let x = rng.halves(&[rows, inp], 2.0, 0.0);
+        let a = 1.0 / (inp as f64).sqrt();
+        let w = rng.halves(&[out, inp], a, 0.0);
+        let b = rng.halves(&[out], 1.0, 0.0);
+        let want = linear64(&f64s(&x), &f64s(&w), &f64s(&b), inp);
+        for dev in devices() {
+            // Guard rows before and after `x`: whole 256-byte units.
+            let pad = 128 / gcd(inp, 128);
+            let (whole, xv) = embedded(&x, pad, &dev);
+            let y = wavefuse_candle::linear(
+                &xv,
+                &w.to_device(&dev).unwrap(),
+                &b.to_device(&dev).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(y.dims(), &[rows, out]);
+            guards_intact(&whole, pad);
+            let got = halves_of(&y);
+            let mut worst = 0f64;
+            for (i, (g, &(v, m))) in got.iter().zip(&want).enumerate() {
+                // Twice the accumulator's bound: a rounding that crosses a
+                // power of two can add it once more.
+                let bound = 0.5 * ulp16(v) + 2.0 * (inp + 2) as f64 * 2f64.powi(-24) * m;
+                let e = (g.to_f64() - v).abs();
+                worst = worst.max(e / bound);
+                assert!(
+                    e <= bound,
+                    "{dev:?} [{rows},{inp},{out}] at {i}: {g} vs exact {v} (bound {bound:.3e})"
+                );
+            }
+            let exact = got
+                .iter()
+                .zip(&want)
+                .filter(|(g, (v, _))| g.to_bits() == f16::from_f64(*v).to_bits())
+                .count() as f64
+                / got.len() as f64;
+            eprintln!(
+                "linear [{rows}, {inp}] x [{out}, {inp}] on {dev:?}: worst error {worst:.3} of the \
+                 bound, {:.2}% correctly rounded",
+                100.0 * exact
+            );
+            assert!(
+                exact >= 0.99,
+                "{dev:?} [{rows},{inp},{out}]: {exact} correctly rounded"
+            );
         }
+    }
+}
+
+/// The Linear's operand rule and errors, and empty inputs.
+#[test]
+fn linear_operands() {
+    for dev in devices() {
+        let mut rng = Rng(5);
+        let x = rng.halves(&[8, 192], 1.0, 0.0).to_device(&dev).unwrap();
+        let w = rng.halves(&[64, 192], 0.1, 0.0).to_device(&dev).unwrap();
+        let b = rng.halves(&[64], 0.1, 0.0).to_device(&dev).unwrap();
+        let err = |r: candle_core::Result<Tensor>| r.map(|_| ()).unwrap_err().to_string();
+        let e = err(wavefuse_candle::linear(
+            &x.to_dtype(DType::F32).unwrap(),
+            &w,
+            &b,
+        ));
+        assert!(
+            e.contains("wavefuse-linear") && e.contains("`x` is F32, expected F16"),
+            "{e}"
+        );
+        let e = err(wavefuse_candle::linear(&x, &w.t().unwrap(), &b));
+        assert!(e.contains("`w` is not contiguous"), "{e}");
+        // Row 1 of x starts 384 bytes in: not on cuBLASLt's 256-byte grid.
+        let e = err(wavefuse_candle::linear(&x.narrow(0, 1, 4).unwrap(), &w, &b));
+        assert!(e.contains("`x`") && e.contains("256-byte"), "{e}");
+        // Row 2 starts 768 bytes in: fine.
+        let y = wavefuse_candle::linear(&x.narrow(0, 2, 4).unwrap(), &w, &b).unwrap();
+        assert_eq!(y.dims(), &[4, 64]);
+        let e = err(wavefuse_candle::linear(
+            &x,
+            &w.narrow(1, 0, 96).unwrap().contiguous().unwrap(),
+            &b,
+        ));
+        assert!(e.contains("`w` is [64, 96], expected [out, 192]"), "{e}");
+        let e = err(wavefuse_candle::linear(
+            &x,
+            &w,
+            &b.narrow(0, 0, 32).unwrap(),
+        ));
+        assert!(e.contains("`b` is [32], expected [64]"), "{e}");
+        let e = err(wavefuse_candle::linear(&x.flatten_all().unwrap(), &w, &b));
+        assert!(e.contains("`x` is [1536], expected [rows, in]"), "{e}");
+        let y = wavefuse_candle::linear(&x.narrow(0, 0, 0).unwrap(), &w, &b).unwrap();
+        assert_eq!(y.dims(), &[0, 64]);
     }
 }
 

@@ -178,7 +178,7 @@ fn wavefuse_stage_matches_f64_oracle() {
 }
 
 /// The probe reports every step of both blocks, in order (the wavefuse
-/// build's second MLP bias is inside its GEMM: no step of its own).
+/// build's Linear biases are inside its GEMMs: no steps of their own).
 #[test]
 fn probe_reports_the_steps() {
     let cfg = StageConfig::TINY192;
@@ -206,10 +206,9 @@ fn probe_reports_the_steps() {
         block.extend(attention);
         block.extend([
             "proj_gemm",
-            "proj_bias",
             "unpartition_add_norm",
             "fc1_gemm",
-            "bias_gelu",
+            "gelu",
             "fc2_gemm",
         ]);
         let mut want = vec!["norm_partition"];
@@ -287,7 +286,7 @@ fn attention_step_matches_f64_oracle() {
         }
     }
     let err = |ops: &dyn StageOps| {
-        let got = to64(&ops.attention(&tq, &tb, &te, heads, &win).unwrap());
+        let got = to64(&ops.attention(&tq, Some(&tb), &te, heads, &win).unwrap());
         oracle::errors(&got, &want)
     };
     let (fm, fr) = err(&WavefuseOps::new());

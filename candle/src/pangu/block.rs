@@ -2,17 +2,17 @@
 //! pre-norm order, and the two-block stage, written once against
 //! [`StageOps`].
 //!
-//! Block: `h = windows(LN(x))`; `qkv = h Wqkv^T`; `q, k, v` per head (+bias,
-//! q scaled); `s = q k^T`; `p = softmax(s + earth_bias[type] + mask)`;
+//! Block: `h = windows(LN(x))`; `qkv = h Wqkv^T + bqkv`; `q, k, v` per
+//! head (q scaled); `s = q k^T`; `p = softmax(s + earth_bias[type] + mask)`;
 //! `o = p v`, heads merged; `a = o Wproj^T + bproj`; `x = x + unwindows(a)`;
-//! `h = LN(x)`; `m = gelu(h W1^T + b1) W2^T + b2`; `x = x + m`. norm2's
-//! affine is folded into W1 at load; norm1's stays in the LayerNorm (the
-//! zero padding after it would not survive a fold into Wqkv: see
-//! [`StageOps::norm_partition`]). The last residual add is left
-//! pending so that the next block's entry can fuse it with its LayerNorm
-//! and partition.
+//! `h = LN(x)`; `m = gelu(h W1^T + b1) W2^T + b2`; `x = x + m`. norm1's
+//! affine stays in the LayerNorm (the zero padding after it would not
+//! survive a fold into Wqkv: see [`StageOps::norm_partition`]); norm2's is
+//! folded into W1 at load or applied by the LayerNorm, as the build
+//! chooses. The last residual add is left pending so that the next block's
+//! entry can fuse it with its LayerNorm and partition.
 use super::config::{HEAD_DIM, StageConfig};
-use super::ops::{StageOps, matmul_t};
+use super::ops::StageOps;
 use super::tables::Windowing;
 use super::weights::BlockWeights;
 use candle_core::{DType, Device, Result, Tensor};
@@ -38,15 +38,9 @@ impl Block {
     }
 
     fn attention(&self, ops: &dyn StageOps, h: &Tensor) -> Result<Tensor> {
-        let qkv = matmul_t(h, &self.w.qkv_w)?;
+        let (qkv, qkv_bias) = ops.qkv(h, &self.w)?;
         ops.mark("qkv_gemm")?;
-        let o = ops.attention(
-            &qkv,
-            &self.w.qkv_b,
-            &self.w.earth_bias,
-            self.heads,
-            &self.win,
-        )?;
+        let o = ops.attention(&qkv, qkv_bias, &self.w.earth_bias, self.heads, &self.win)?;
         ops.proj(&o, &self.w, &self.win)
     }
 

@@ -113,7 +113,7 @@ impl StageOps for CandleOps {
     fn attention(
         &self,
         qkv: &Tensor,
-        qkv_bias: &Tensor,
+        qkv_bias: Option<&Tensor>,
         earth_bias: &Tensor,
         heads: usize,
         win: &Windowing,
@@ -121,8 +121,11 @@ impl StageOps for CandleOps {
         let (rows, c3) = qkv.dims2()?;
         let t = win.tokens_per_window();
         let windows = rows / t;
+        let qkv = match qkv_bias {
+            Some(b) => qkv.broadcast_add(b)?,
+            None => qkv.clone(),
+        };
         let qkv = qkv
-            .broadcast_add(qkv_bias)?
             .reshape((windows, t, 3, heads, HEAD_DIM))?
             .permute((2, 0, 3, 1, 4))?;
         // candle's affine multiplies in f16 with the scale rounded to f16.

@@ -4,7 +4,8 @@
 //! One source ([`Stage`], written against [`StageOps`]), two builds picked
 //! at run time: [`CandleOps`] (candle's own ops, as PyTorch would write
 //! them) and [`WavefuseOps`] (wavefuse's fused kernels wherever one
-//! applies). The GEMMs are candle's in both. The window tables come from
+//! applies). The GEMMs are cuBLAS in both (candle's matmul; the wavefuse
+//! build's Linears with their bias in the epilogue). The window tables come from
 //! [`wavefuse_shared::window::WindowPlan`], the planner the kernels use,
 //! so both builds window, mask and type tokens the same way.
 mod block;

@@ -70,9 +70,18 @@ pub trait StageOps {
         win: &Windowing,
     ) -> Result<(Tensor, Tensor)>;
 
-    /// Window attention from the QKV Linear's output without its bias,
-    /// `[windows * T, 3C]` (per token `[q | k | v]`, heads major): adds
-    /// `qkv_bias` `[3C]`, scales q by `head_dim^-0.5`, and returns
+    /// The QKV Linear on the windowed tokens `h` `[windows * T, C]`:
+    /// `[windows * T, 3C]`, and the bias still to be added by
+    /// [`StageOps::attention`] (`None` when the build adds it in the
+    /// GEMM's epilogue). By default candle's GEMM, the bias left to the
+    /// attention.
+    fn qkv<'w>(&self, h: &Tensor, w: &'w BlockWeights) -> Result<(Tensor, Option<&'w Tensor>)> {
+        Ok((matmul_t(h, &w.qkv_w)?, Some(&w.qkv_b)))
+    }
+
+    /// Window attention from the QKV Linear's output `[windows * T, 3C]`
+    /// (per token `[q | k | v]`, heads major): adds `qkv_bias` `[3C]` when
+    /// given, scales q by `head_dim^-0.5`, and returns
     /// `softmax(q k^T + earth_bias[type(w)] + mask[w]) v` with the heads
     /// merged, `[windows * T, C]` (what the output projection reads).
     /// `earth_bias` is `[types, heads, T, T]`; the mask the block's (none
@@ -80,19 +89,20 @@ pub trait StageOps {
     fn attention(
         &self,
         qkv: &Tensor,
-        qkv_bias: &Tensor,
+        qkv_bias: Option<&Tensor>,
         earth_bias: &Tensor,
         heads: usize,
         win: &Windowing,
     ) -> Result<Tensor>;
 
     /// The output projection of the merged heads `o` `[windows * T, C]`:
-    /// `o Wproj^T + bproj` (the GEMM is candle's in every build).
+    /// `o Wproj^T + bproj` (cuBLAS in every build).
     fn proj(&self, o: &Tensor, w: &BlockWeights, win: &Windowing) -> Result<Tensor>;
 
-    /// The MLP on `h` `[N, C]` (norm2's affine already folded into the
-    /// first Linear): `gelu(h W1^T + b1) W2^T + b2`, exact GELU (the GEMMs
-    /// are candle's in every build).
+    /// The MLP on `h` `[N, C]` (norm2's affine applied by
+    /// [`StageOps::unpartition_add_norm`] or folded into the first Linear,
+    /// as the build chooses): `gelu(h W1^T + b1) W2^T + b2`, exact GELU
+    /// (the GEMMs are cuBLAS in every build).
     fn mlp(&self, h: &Tensor, w: &BlockWeights) -> Result<Tensor>;
 
     /// The attention branch `[windows * T, C]` back to grid order (reverse

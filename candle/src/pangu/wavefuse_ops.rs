@@ -1,25 +1,34 @@
 //! The stage with wavefuse's kernels wherever one applies, on candle's
-//! stream and candle's memory (the crate's ops); the GEMMs stay candle's.
+//! stream and candle's memory (the crate's ops); the GEMMs stay cuBLAS:
+//! the Linears are [`crate::linear`] (cuBLASLt with the bias in the
+//! epilogue, one f16 rounding as PyTorch's `F.linear`), the attention's
+//! in the unfused variant candle's.
 //!
 //! | step | wavefuse kernels |
 //! |---|---|
 //! | `norm_partition` | `layer_norm_gather` (affine) through the partition plan |
 //! | `add_norm_partition` | `add_layer_norm_gather` (affine; residual updated in place) |
-//! | `attention` | `window_attention` (QKV bias, scale, earth bias, shift mask, softmax and `p v` in one launch, heads merged; no scores in memory). [`WavefuseOps::unfused`]: `qkv_split` (bias added, q scaled); candle's `q k^T`; `bias_mask_softmax` in place over the scores; candle's `p v`; `gather` through the head-merge plan (32-channel tokens `[w, h, t]` -> `[w, t, h]`) |
+//! | `qkv` | [`crate::linear`] (bias in the epilogue) |
+//! | `attention` | `window_attention` (scale, earth bias, shift mask, softmax and `p v` in one launch, heads merged; no scores in memory). [`WavefuseOps::unfused`]: `qkv_split` (q scaled); candle's `q k^T`; `bias_mask_softmax` in place over the scores; candle's `p v`; `gather` through the head-merge plan (32-channel tokens `[w, h, t]` -> `[w, t, h]`) |
 //! | `unpartition_add_norm` | `gather` through the reverse plan, `add_layer_norm_to` with norm2's affine (the stage input is never written) |
-//! | `proj` | candle's GEMM, then `bias_mask_add` as a bias add ([`BiasAdd`]) in place |
-//! | `mlp` | candle's GEMMs; `bias_gelu` (erf); the second bias inside the second GEMM ([`crate::pangu::weights::MlpAug`]) |
+//! | `proj` | [`crate::linear`] |
+//! | `mlp` | [`crate::linear`] (the first Linear as trained), `bias_gelu` (erf) with a zero bias, [`crate::linear`] |
 //! | `add` | `add_layer_norm` in place (its LayerNorm output unused) |
 //!
-//! Launches per block: 6 wavefuse kernels and 4 candle GEMMs (unfused: 8
-//! and 6), plus the stage's last add. No candle element-wise op runs: candle's broadcast
-//! and strided ops upload their layout with every launch.
+//! Launches per block: 5 wavefuse kernels and 4 cuBLASLt GEMMs (unfused:
+//! 7 wavefuse kernels, 4 cuBLASLt and 2 candle GEMMs), plus the stage's
+//! last add. No candle element-wise op runs: candle's broadcast and
+//! strided ops upload their layout with every launch.
+//!
+//! Rounding: every step rounds to f16 where PyTorch's f16 stage does, or
+//! fewer times (the attention keeps its scores in f32); no step rounds
+//! twice where PyTorch rounds once (`benches/pangu_rounding.py`).
 use super::config::{HEAD_DIM, LN_EPS};
-use super::ops::{Affine, StageOps, matmul_t};
+use super::ops::{Affine, StageOps};
 use super::probe::Probe;
 use super::tables::Windowing;
 use super::weights::BlockWeights;
-use crate::{AttnTables, BiasAdd, GeluMode, Plan};
+use crate::{AttnTables, GeluMode, Plan};
 use candle_core::{Result, Tensor};
 use std::sync::OnceLock;
 
@@ -32,9 +41,6 @@ pub struct Tables {
     attn: AttnTables,
     /// The head-merge plan and its number of heads.
     merge: OnceLock<(usize, Plan)>,
-    /// The output projection's bias add, and the id of the bias tensor
-    /// it was built from.
-    proj_bias: OnceLock<(candle_core::TensorId, BiasAdd)>,
 }
 
 impl Tables {
@@ -46,22 +52,7 @@ impl Tables {
             reverse: Plan::new(&p.reverse_table(), p.n_tokens_out(), dev)?,
             attn: AttnTables::from_plan(p, dev)?,
             merge: OnceLock::new(),
-            proj_bias: OnceLock::new(),
         })
-    }
-
-    /// The bias add of `bias` over the windowed tokens, built on first use.
-    fn proj_bias(&self, win: &Windowing, bias: &Tensor) -> Result<&BiasAdd> {
-        if self.proj_bias.get().is_none() {
-            let b = BiasAdd::new(bias, win.n_windows() * win.tokens_per_window())?;
-            let _ = self.proj_bias.set((bias.id(), b));
-        }
-        match self.proj_bias.get() {
-            Some((id, b)) if *id == bias.id() => Ok(b),
-            _ => {
-                candle_core::bail!("windowing: its projection bias add was built for another bias")
-            }
-        }
     }
 
     /// The head merge of `p v` for `heads` heads: output token `(w, t, h)`
@@ -152,10 +143,14 @@ impl StageOps for WavefuseOps {
         Ok((x.clone(), h))
     }
 
+    fn qkv<'w>(&self, h: &Tensor, w: &'w BlockWeights) -> Result<(Tensor, Option<&'w Tensor>)> {
+        Ok((crate::linear(h, &w.qkv_w, &w.qkv_b)?, None))
+    }
+
     fn attention(
         &self,
         qkv: &Tensor,
-        qkv_bias: &Tensor,
+        qkv_bias: Option<&Tensor>,
         earth_bias: &Tensor,
         heads: usize,
         win: &Windowing,
@@ -163,15 +158,14 @@ impl StageOps for WavefuseOps {
         let tb = win.wavefuse()?;
         let scale = (HEAD_DIM as f64).powf(-0.5) as f32;
         if !self.unfused {
-            let o =
-                crate::window_attention(qkv, Some(qkv_bias), earth_bias, &tb.attn, heads, scale)?;
+            let o = crate::window_attention(qkv, qkv_bias, earth_bias, &tb.attn, heads, scale)?;
             self.mark("window_attention")?;
             return Ok(o);
         }
         let merge = tb.merge(win, heads)?;
         let (rows, c3) = qkv.dims2()?;
         let t = win.tokens_per_window();
-        let (q, k, v) = crate::qkv_split(qkv, Some(qkv_bias), heads, t, scale)?;
+        let (q, k, v) = crate::qkv_split(qkv, qkv_bias, heads, t, scale)?;
         self.mark("qkv_split")?;
         let s = q.matmul(&k.t()?)?;
         self.mark("scores_gemm")?;
@@ -198,22 +192,19 @@ impl StageOps for WavefuseOps {
         Ok(r)
     }
 
-    fn proj(&self, o: &Tensor, w: &BlockWeights, win: &Windowing) -> Result<Tensor> {
-        let a = matmul_t(o, &w.proj_w)?;
+    fn proj(&self, o: &Tensor, w: &BlockWeights, _win: &Windowing) -> Result<Tensor> {
+        let a = crate::linear(o, &w.proj_w, &w.proj_b)?;
         self.mark("proj_gemm")?;
-        win.wavefuse()?.proj_bias(win, &w.proj_b)?.add_(&a)?;
-        self.mark("proj_bias")?;
         Ok(a)
     }
 
     fn mlp(&self, h: &Tensor, w: &BlockWeights) -> Result<Tensor> {
-        let m = &w.mlp_aug;
-        let a = matmul_t(h, &m.fc1_w)?;
+        let a = crate::linear(h, &w.fc1.w, &w.fc1.b)?;
         self.mark("fc1_gemm")?;
-        let a = crate::bias_gelu(&a, &m.fc1_b, GeluMode::Erf)?;
-        self.mark("bias_gelu")?;
-        // The second bias is in the GEMM (the augmented channel).
-        let y = matmul_t(&a, &m.fc2_w)?;
+        // The bias is in: a zero bias leaves `gelu(a)`, rounded once.
+        let a = crate::bias_gelu(&a, &w.fc1.zero, GeluMode::Erf)?;
+        self.mark("gelu")?;
+        let y = crate::linear(&a, &w.fc2_w, &w.fc2_b)?;
         self.mark("fc2_gemm")?;
         Ok(y)
     }

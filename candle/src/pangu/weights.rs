@@ -42,57 +42,23 @@ pub struct BlockWeights {
     pub fc2_w: Tensor,
     /// MLP second bias `[C]`.
     pub fc2_b: Tensor,
-    /// The MLP as trained (norm2 not folded) with its second bias inside
-    /// the GEMM (see [`MlpAug`]).
-    pub mlp_aug: MlpAug,
+    /// The MLP's first Linear as trained (norm2 not folded), for the
+    /// wavefuse build (see [`Fc1`]).
+    pub fc1: Fc1,
 }
 
-/// The value of the MLP's augmented channel: `gelu(8) = 8` exactly in f16
-/// (`erf(8 / sqrt 2)` is 1 in f32), and `b2 / 8` is `b2` scaled by a power
-/// of two.
-pub const AUG: f64 = 8.0;
-
-/// The MLP with its second Linear's bias folded into the GEMM, so that the
-/// output is rounded once (as PyTorch's `addmm`) and no bias add runs:
-/// the first Linear gets 8 more outputs (zero weights; biases `AUG`, then
-/// zeros), whose GELUs are exactly `AUG` and 0; the second Linear gets 8
-/// more inputs (weights `b2 / AUG`, then zeros).
+/// The MLP's first Linear as trained, for a build whose LayerNorm applies
+/// norm2's affine (no folded weights rounded to f16), and a zero bias for
+/// the GELU that follows a Linear with its bias in the GEMM's epilogue
+/// (`bias_gelu` with a zero bias is the GELU of its input, rounded once).
 #[derive(Debug)]
-pub struct MlpAug {
-    /// `[4C + 8, C]`.
-    pub fc1_w: Tensor,
-    /// `[4C + 8]`.
-    pub fc1_b: Tensor,
-    /// `[C, 4C + 8]`.
-    pub fc2_w: Tensor,
-}
-
-impl MlpAug {
-    fn new(fc1_w: &Tensor, fc1_b: &Tensor, fc2_w: &Tensor, fc2_b: &Tensor) -> Result<MlpAug> {
-        let (hid, c) = fc1_w.dims2()?;
-        let (dev, dt) = (fc1_w.device(), fc1_w.dtype());
-        let fc1_w = Tensor::cat(&[fc1_w, &Tensor::zeros((8, c), dt, dev)?], 0)?;
-        let mut extra = vec![0f32; 8];
-        extra[0] = AUG as f32;
-        let extra = Tensor::from_vec(extra, 8, dev)?.to_dtype(dt)?;
-        let fc1_b = Tensor::cat(&[fc1_b, &extra], 0)?;
-        let col = (fc2_b.to_dtype(DType::F64)? / AUG)?
-            .to_dtype(dt)?
-            .unsqueeze(1)?;
-        let fc2_w = Tensor::cat(&[fc2_w, &col, &Tensor::zeros((c, 7), dt, dev)?], 1)?;
-        if fc2_w.dims() != [c, hid + 8] {
-            candle_core::bail!(
-                "mlp_aug: fc2 is {:?}, expected [{c}, {}]",
-                fc2_w.dims(),
-                hid + 8
-            );
-        }
-        Ok(MlpAug {
-            fc1_w,
-            fc1_b,
-            fc2_w,
-        })
-    }
+pub struct Fc1 {
+    /// `[4C, C]`.
+    pub w: Tensor,
+    /// `[4C]`.
+    pub b: Tensor,
+    /// `[4C]` zeros.
+    pub zero: Tensor,
 }
 
 fn get<'a>(t: &'a HashMap<String, Tensor>, name: &str, dims: &[usize]) -> Result<&'a Tensor> {
@@ -153,12 +119,11 @@ impl BlockWeights {
         // The wavefuse build keeps norm2's affine in its LayerNorm kernel
         // (free there) and the first Linear as trained: no folded weights
         // rounded to f16.
-        let mlp_aug = MlpAug::new(
-            &dev(get(t, &n("fc1.weight"), &[hid, c])?)?,
-            &dev(get(t, &n("fc1.bias"), &[hid])?)?,
-            &fc2_w,
-            &fc2_b,
-        )?;
+        let fc1 = Fc1 {
+            w: dev(get(t, &n("fc1.weight"), &[hid, c])?)?,
+            b: dev(get(t, &n("fc1.bias"), &[hid])?)?,
+            zero: Tensor::zeros(hid, dtype, device)?,
+        };
         let norm2 = Affine::new(
             dev(get(t, &n("norm2.weight"), &[c])?)?,
             dev(get(t, &n("norm2.bias"), &[c])?)?,
@@ -178,7 +143,7 @@ impl BlockWeights {
             fc1_b,
             fc2_w,
             fc2_b,
-            mlp_aug,
+            fc1,
         })
     }
 }

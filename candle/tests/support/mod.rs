@@ -13,6 +13,8 @@ pub fn cuda_required() -> bool {
 
 /// The CUDA device, when this build has candle's CUDA backend and a GPU
 /// opens; fails (never skips) when CUDA is required and absent.
+// The returns are needed in the build without the `cuda` feature.
+#[allow(clippy::needless_return)]
 pub fn cuda() -> Option<Device> {
     #[cfg(feature = "cuda")]
     match Device::new_cuda(0) {
