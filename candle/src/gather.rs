@@ -5,7 +5,7 @@
 //! A [`Plan`] is wavefuse's validated index table on the wavefuse device
 //! behind one candle device: built once per layout, kept, and shared by
 //! every op that moves tokens that way (cloning it is cheap).
-use crate::layer_norm::{Affine, Stash, affine_views, rows_width, same_dims};
+use crate::layer_norm::{Affine, Stash, affine_views, as_affine, rows_width, same_dims};
 use crate::runner::{DevKey, Operand, Path, wf_device, wf_err};
 use candle_core::{Device, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
@@ -148,14 +148,8 @@ impl LayerNormGather {
         let n = self.plan.len() * width;
         let mut o = P::run(LN_GATHER, ins, None, &[n], |io| {
             let src = io.input::<f16>(0, 0, None)?;
-            let ab = if affine {
-                Some(affine_views(io, 1, width)?)
-            } else {
-                None
-            };
-            let a = ab
-                .as_ref()
-                .map(|(gamma, beta)| wavefuse::Affine { gamma, beta });
+            let ab = affine_views(io, 1, width, affine)?;
+            let a = as_affine(&ab);
             let mut out = io.output(0, &[n])?;
             wavefuse::layer_norm_gather(
                 io.q,
@@ -231,14 +225,8 @@ impl AddLayerNormGather {
         let n = self.plan.len() * width;
         let mut o = P::run(ADD_LN_GATHER, ins, Some((r, rl, "residual")), &[n], |io| {
             let branch = io.input::<f16>(0, 0, None)?;
-            let ab = if affine {
-                Some(affine_views(io, 1, width)?)
-            } else {
-                None
-            };
-            let a = ab
-                .as_ref()
-                .map(|(gamma, beta)| wavefuse::Affine { gamma, beta });
+            let ab = affine_views(io, 1, width, affine)?;
+            let a = as_affine(&ab);
             let mut r = io.inout()?;
             let mut out = io.output(0, &[n])?;
             wavefuse::add_layer_norm_gather(

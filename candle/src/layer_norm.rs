@@ -69,16 +69,30 @@ pub(crate) fn rows_width(
     Ok((l.shape().elem_count() / width, width))
 }
 
-/// gamma and beta as views of the packed affine operand `i`.
+/// gamma and beta as views of the packed affine operand `i`, when the op
+/// was given one.
 pub(crate) fn affine_views<'a>(
     io: &Io<'a>,
     i: usize,
     width: usize,
-) -> wavefuse::Result<(wavefuse::View<'a, f16>, wavefuse::View<'a, f16>)> {
-    Ok((
+    given: bool,
+) -> wavefuse::Result<Option<AffineViews<'a>>> {
+    if !given {
+        return Ok(None);
+    }
+    Ok(Some((
         io.input(i, 0, Some(width))?,
         io.input(i, width, Some(width))?,
-    ))
+    )))
+}
+
+/// gamma and beta as two views of the packed affine operand.
+pub(crate) type AffineViews<'a> = (wavefuse::View<'a, f16>, wavefuse::View<'a, f16>);
+
+/// [`affine_views`]' result as the wavefuse op's affine argument.
+pub(crate) fn as_affine<'x>(ab: &'x Option<AffineViews<'_>>) -> Option<wavefuse::Affine<'x, 'x>> {
+    ab.as_ref()
+        .map(|(gamma, beta)| wavefuse::Affine { gamma, beta })
 }
 
 /// Fails unless `a` and `b` have the same dims.
@@ -111,14 +125,8 @@ impl LayerNorm {
         let n = l.shape().elem_count();
         let mut o = P::run(LN, ins, None, &[n], |io| {
             let x = io.input::<f16>(0, 0, None)?;
-            let ab = if affine {
-                Some(affine_views(io, 1, width)?)
-            } else {
-                None
-            };
-            let a = ab
-                .as_ref()
-                .map(|(gamma, beta)| wavefuse::Affine { gamma, beta });
+            let ab = affine_views(io, 1, width, affine)?;
+            let a = as_affine(&ab);
             let mut y = io.output(0, &[n])?;
             wavefuse::layer_norm(io.q, &x, &mut y[0], width, a, self.eps)
         })?;
@@ -203,14 +211,8 @@ impl AddLayerNorm {
         let n = rl.shape().elem_count();
         let mut o = P::run(ADD_LN, ins, Some((r, rl, "residual")), &[n], |io| {
             let branch = io.input::<f16>(0, 0, None)?;
-            let ab = if affine {
-                Some(affine_views(io, 1, width)?)
-            } else {
-                None
-            };
-            let a = ab
-                .as_ref()
-                .map(|(gamma, beta)| wavefuse::Affine { gamma, beta });
+            let ab = affine_views(io, 1, width, affine)?;
+            let a = as_affine(&ab);
             let mut r = io.inout()?;
             let mut y = io.output(0, &[n])?;
             wavefuse::add_layer_norm(io.q, &mut r, &branch, &mut y[0], width, a, self.eps)
@@ -260,14 +262,8 @@ impl AddLayerNormTo {
         let mut o = P::run(ADD_LN_TO, ins, None, &[2 * n], |io| {
             let r = io.input::<f16>(0, 0, None)?;
             let b = io.input::<f16>(1, 0, None)?;
-            let ab = if affine {
-                Some(affine_views(io, 2, width)?)
-            } else {
-                None
-            };
-            let a = ab
-                .as_ref()
-                .map(|(gamma, beta)| wavefuse::Affine { gamma, beta });
+            let ab = affine_views(io, 2, width, affine)?;
+            let a = as_affine(&ab);
             let mut o = io.output(0, &[n, n])?;
             let (s, y) = o.split_at_mut(1);
             wavefuse::add_layer_norm_to(io.q, &r, &b, &mut s[0], &mut y[0], width, a, self.eps)
