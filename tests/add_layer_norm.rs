@@ -11,9 +11,9 @@
 mod common;
 mod fused;
 
-use common::rows::{AFFINE_KINDS, add_inputs, affine, eps};
+use common::rows::{AFFINE_KINDS, add_inputs, eps};
 use common::{POISON, Rng, check_ln_row, cpu, devices};
-use fused::{add_f16, round_f16};
+use fused::{add_affine, add_f16, round_f16};
 use half::f16;
 use proptest::prelude::*;
 use wavefuse::{Affine, Device, Error, add_layer_norm, add_layer_norm_to};
@@ -34,18 +34,7 @@ fn make_case(seed: u64, width: usize, rows: usize, affine_kind: Option<u8>) -> C
     let mut rng = Rng(seed);
     let (residual, branch) = add_inputs(&mut rng, rows, width);
     let eps = eps(&mut rng);
-    let (gamma, beta) = match affine_kind {
-        Some(k) => {
-            let sums: Vec<f16> = residual
-                .iter()
-                .zip(&branch)
-                .map(|(&a, &b)| add_f16(a, b))
-                .collect();
-            let (g, b) = affine(&mut rng, k, &sums, width, eps);
-            (Some(g), Some(b))
-        }
-        None => (None, None),
-    };
+    let (gamma, beta) = add_affine(&mut rng, affine_kind, &residual, &branch, width, eps);
     Case {
         width,
         rows,

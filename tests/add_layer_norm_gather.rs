@@ -12,9 +12,9 @@
 mod common;
 mod fused;
 
-use common::rows::{AFFINE_KINDS, add_inputs, affine, eps};
+use common::rows::{AFFINE_KINDS, add_inputs, eps};
 use common::{POISON, Rng, check_ln_row, cpu, devices};
-use fused::{add_f16, partition};
+use fused::{add_affine, add_f16, partition};
 use half::f16;
 use proptest::prelude::*;
 use wavefuse::{
@@ -45,18 +45,7 @@ fn make_case(
     let (residual, branch) = add_inputs(&mut rng, n_src, width);
     let table = partition(&mut rng, n_src, pad_per_16);
     let eps = eps(&mut rng);
-    let (gamma, beta) = match affine_kind {
-        Some(k) => {
-            let sums: Vec<f16> = residual
-                .iter()
-                .zip(&branch)
-                .map(|(&a, &b)| add_f16(a, b))
-                .collect();
-            let (g, b) = affine(&mut rng, k, &sums, width, eps);
-            (Some(g), Some(b))
-        }
-        None => (None, None),
-    };
+    let (gamma, beta) = add_affine(&mut rng, affine_kind, &residual, &branch, width, eps);
     Case {
         width,
         n_src,

@@ -84,6 +84,29 @@ pub fn add_f16(a: f16, b: f16) -> f16 {
     round_f16(a.to_f64() + b.to_f64())
 }
 
+/// gamma and beta ([`crate::common::rows::affine`] of `kind`, when given)
+/// for the rows add+LayerNorm normalises: the rounded sums
+/// `f16(residual + branch)`.
+pub fn add_affine(
+    rng: &mut Rng,
+    kind: Option<u8>,
+    residual: &[f16],
+    branch: &[f16],
+    width: usize,
+    eps: f32,
+) -> (Option<Vec<f16>>, Option<Vec<f16>>) {
+    let Some(k) = kind else {
+        return (None, None);
+    };
+    let sums: Vec<f16> = residual
+        .iter()
+        .zip(branch)
+        .map(|(&a, &b)| add_f16(a, b))
+        .collect();
+    let (g, b) = crate::common::rows::affine(rng, k, &sums, width, eps);
+    (Some(g), Some(b))
+}
+
 /// A partition table: every source exactly once, shuffled, with runs of
 /// padding between (about `pad_per_16 / 16` of the entries are padding).
 pub fn partition(rng: &mut Rng, n_src: usize, pad_per_16: u64) -> Vec<i32> {
