@@ -13,39 +13,21 @@ ROW_BLOCK = 256 threads); a wrong geometry fails the check.
 """
 import argparse
 import ctypes
+import os
 import statistics
+import sys
 
 import torch
 
-ROW_BLOCK = 256
+# The PTX loader and launcher of benches/wf_launch.py (copy it next to this
+# file where the repository is not at hand).
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [here, os.path.join(here, "..", "..", "benches")]
+from wf_launch import ROW_BLOCK, Driver  # noqa: E402
+
 LANES = {192: 8, 384: 16, 768: 32}
 EPS = 1e-5
 L2_BYTES = 50 << 20
-
-
-class Module:
-    def __init__(self, cu, path):
-        self.cu = cu
-        with open(path, "rb") as f:
-            ptx = f.read().replace(b"\0", b"") + b"\0"
-        self.mod = ctypes.c_void_p()
-        rc = cu.cuModuleLoadData(ctypes.byref(self.mod), ctypes.c_char_p(ptx))
-        if rc:
-            raise RuntimeError(f"cuModuleLoadData({path}): {rc}")
-        self.funcs = {}
-
-    def launch(self, name, grid, block, args):
-        if name not in self.funcs:
-            f = ctypes.c_void_p()
-            rc = self.cu.cuModuleGetFunction(ctypes.byref(f), self.mod, name.encode())
-            if rc:
-                raise RuntimeError(f"cuModuleGetFunction({name}): {rc}")
-            self.funcs[name] = f
-        params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        rc = self.cu.cuLaunchKernel(self.funcs[name], grid, 1, 1, block, 1, 1, 0, stream, params, None)
-        if rc:
-            raise RuntimeError(f"cuLaunchKernel({name}): {rc}")
 
 
 def p(t):
@@ -173,16 +155,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="")
     a = ap.parse_args()
-    cu = ctypes.CDLL("libcuda.so.1")
-    cu.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
-        ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-    torch.cuda.init()
     dev = torch.device("cuda")
-    torch.zeros(1, device=dev)
     mods = []
     for spec in a.builds:
         name, path = spec.split("=", 1)
-        mods.append((name, Module(cu, path)))
+        mods.append((name, Driver(path)))
     print("gpu:", torch.cuda.get_device_name(), "| torch", torch.__version__)
     torch.manual_seed(0)
     names = [n for n, _ in mods]
