@@ -125,7 +125,11 @@ pub unsafe fn add_layer_norm<
         sq[r] = lane_sq_sum(&v[r]);
     }
     let sq = gpu::group_sum_n::<L, R>(sq);
-    for r in 0..R {
+    const { assert!(R <= 2) };
+    // Unrolled by hand: the affine refinement's loops over set bits left
+    // this loop rolled, and `v` went to local memory.
+    crate::unroll!(r in [0, 1] {
+        if r < R {
         let row = first + r as u64;
         let st = stats_of::<W>(sq[r], mean[r], eps);
         // The LayerNorm's input row is the stored sum: this lane's own
@@ -142,7 +146,8 @@ pub unsafe fn add_layer_norm<
         // SAFETY: where active, row < rows: the rows lie inside
         // residual_out and y; affine vectors in bounds.
         unsafe { normalise_store::<W, L, NV, AFFINE>(&v[r], st, rs, io, gamma, beta, eps, lane) };
-    }
+        }
+    });
 }
 
 /// The launch shape of one width in this build (see [`AddLnShape`]).

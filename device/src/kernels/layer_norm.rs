@@ -147,35 +147,19 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
             }
         });
     }
-    let mut hard = 0u32;
-    if care != 0 {
-        crate::unroll!(k in [0, 1, 2, 3] {
-            let bits = (care >> (8 * k)) & 0xff;
-            if k < NV && bits != 0 {
-                let at = |p: *const u16| p.wrapping_add(col(k));
-                // SAFETY: bits are set only for active lanes' vectors
-                // inside the row.
-                let h = unsafe {
-                    refine::<W>(&mut out[k], bits, at(io.x), at(gamma), at(beta), sums, st.rstd, eps)
-                };
-                hard |= h << (8 * k);
-            }
-        });
-    }
+    let hard = if care != 0 {
+        // SAFETY: bits are set only for active lanes' outputs inside the
+        // row.
+        unsafe { refine::<W, L, NV>(&mut out, care, io.x, gamma, beta, lane, sums, st.rstd, eps) }
+    } else {
+        0
+    };
     if gpu::wave_any(hard != 0) {
-        // SAFETY: io.x read only where active (caller contract).
-        let c = unsafe { exact_factor::<W, L, NV>(io.x, sums.sum, st.rstd, eps, lane, io.active) };
-        crate::unroll!(k in [0, 1, 2, 3] {
-            let bits = (hard >> (8 * k)) & 0xff;
-            if k < NV && bits != 0 {
-                let at = |p: *const u16| p.wrapping_add(col(k));
-                // SAFETY: bits are set only for active lanes' vectors
-                // inside the row.
-                unsafe {
-                    exact::<W>(&mut out[k], bits, at(io.x), at(gamma), at(beta), sums.sum, c)
-                };
-            }
-        });
+        // SAFETY: io.x read only where active; bits as above.
+        unsafe {
+            let c = exact_factor::<W, L, NV>(io.x, sums.sum, st.rstd, eps, lane, io.active);
+            exact::<W, L, NV>(&mut out, hard, io.x, gamma, beta, lane, sums.sum, c);
+        }
     }
     if io.active {
         for k in 0..NV {

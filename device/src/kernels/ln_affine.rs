@@ -133,23 +133,32 @@ unsafe fn inputs_at(x: *const u16, g: *const u16, b: *const u16, i: usize) -> [f
     }
 }
 
-/// Tier 2 for the outputs `bits` of one packed 8-vector `out` (the fast
-/// outputs), whose inputs and affine parameters start at `x`, `g`, `b`:
-/// each takes tier 2's value where its bound holds and is otherwise left
-/// to tier 3; returns those, one bit each. One output at a time through a
-/// loop over the set bits, with scalar reloads (L1): the rare path stays
-/// within the fast path's registers.
+/// The offset in the row of output `j` of a lane (bit `j` of the masks
+/// below: vector `j / 8` of the lane's [`RowLayout`](wavefuse_shared::RowLayout)
+/// steps, half `j % 8`).
+#[inline(always)]
+fn offset_of<const L: u32>(j: u32, lane: usize) -> usize {
+    ((j / 8) as usize * L as usize + lane) * 8 + (j % 8) as usize
+}
+
+/// Tier 2 for the lane's outputs `bits` (bit `j`: vector `j / 8`, half
+/// `j % 8`) of its packed fast outputs `out`, in the row whose inputs and
+/// affine parameters start at `x`, `g`, `b`: each takes tier 2's value
+/// where its bound holds and is otherwise left to tier 3; returns those.
+/// One output at a time through a loop over the set bits, with scalar
+/// reloads (L1): the rare path stays within the fast path's registers.
 ///
 /// # Safety
-/// `x`, `g`, `b` valid for 8 halves.
+/// `x`, `g`, `b` valid for the row's `W` halves.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn refine<const W: usize>(
-    out: &mut V8,
+pub unsafe fn refine<const W: usize, const L: u32, const NV: usize>(
+    out: &mut [V8; NV],
     mut bits: u32,
     x: *const u16,
     g: *const u16,
     b: *const u16,
+    lane: usize,
     sums: RowSums,
     rstd: f32,
     eps: f32,
@@ -157,18 +166,18 @@ pub unsafe fn refine<const W: usize>(
     let p = Precise::of::<W>(sums, rstd, eps);
     let mut hard = 0u32;
     while bits != 0 {
-        let i = bits.trailing_zeros();
+        let j = bits.trailing_zeros();
         bits &= bits - 1;
-        // SAFETY: i < 8 (caller contract).
-        let [x, g, b] = unsafe { inputs_at(x, g, b, i as usize) };
+        // SAFETY: the output lies inside the row (caller contract).
+        let [x, g, b] = unsafe { inputs_at(x, g, b, offset_of::<L>(j, lane)) };
         let d = W as f64 * f64::from(x) - sums.sum;
         let go = d * p.c * f64::from(g);
         let y = go + f64::from(b);
         let ea = abs64(go) * p.err;
         if p.valid && (ea <= REL * abs64(y) || (ea <= ABS && abs64(y) <= SMALL)) {
-            set_half(out, i, gpu::f2h(y as f32));
+            set_half(out, j, gpu::f2h(y as f32));
         } else {
-            hard |= 1 << i;
+            hard |= 1 << j;
         }
     }
     hard
@@ -209,42 +218,50 @@ pub unsafe fn exact_factor<const W: usize, const L: u32, const NV: usize>(
     rsqrt_newton(rstd, v) * (1.0 / w)
 }
 
-/// Tier 3 for the outputs `bits` of one packed 8-vector (see [`refine`]),
-/// `c` from [`exact_factor`].
+/// Tier 3 for the lane's outputs `bits` (see [`refine`]), `c` from
+/// [`exact_factor`].
 ///
 /// # Safety
-/// `x`, `g`, `b` valid for 8 halves.
+/// `x`, `g`, `b` valid for the row's `W` halves.
 #[inline(always)]
-pub unsafe fn exact<const W: usize>(
-    out: &mut V8,
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn exact<const W: usize, const L: u32, const NV: usize>(
+    out: &mut [V8; NV],
     mut bits: u32,
     x: *const u16,
     g: *const u16,
     b: *const u16,
+    lane: usize,
     sum: f64,
     c: f64,
 ) {
     while bits != 0 {
-        let i = bits.trailing_zeros();
+        let j = bits.trailing_zeros();
         bits &= bits - 1;
-        // SAFETY: i < 8 (caller contract).
-        let [x, g, b] = unsafe { inputs_at(x, g, b, i as usize) };
+        // SAFETY: the output lies inside the row (caller contract).
+        let [x, g, b] = unsafe { inputs_at(x, g, b, offset_of::<L>(j, lane)) };
         let d = W as f64 * f64::from(x) - sum;
         let y = d * c * f64::from(g) + f64::from(b);
-        set_half(out, i, gpu::f2h(y as f32));
+        set_half(out, j, gpu::f2h(y as f32));
     }
 }
 
-/// Replaces half `i` (< 8) of `v` by `h`: selects over the four words, so
-/// `v` stays in registers under a variable `i`.
+/// Replaces half `j` (< 8 NV) of `v` by `h`: selects over every word, so
+/// `v` stays in registers under a variable `j`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-fn set_half(v: &mut V8, i: u32, h: u16) {
-    let shift = 16 * (i & 1);
+fn set_half<const NV: usize>(v: &mut [V8; NV], j: u32, h: u16) {
+    let shift = 16 * (j & 1);
     let keep = !(0xffff << shift);
-    for w in 0..4 {
-        let new = (v.0[w] & keep) | (u32::from(h) << shift);
-        v.0[w] = if w as u32 == i >> 1 { new } else { v.0[w] };
+    for k in 0..NV {
+        for w in 0..4 {
+            let new = (v[k].0[w] & keep) | (u32::from(h) << shift);
+            v[k].0[w] = if (4 * k + w) as u32 == j >> 1 {
+                new
+            } else {
+                v[k].0[w]
+            };
+        }
     }
 }
 
@@ -254,22 +271,37 @@ mod tests {
 
     #[test]
     fn set_half_replaces_one_half() {
-        for i in 0..8u32 {
-            let mut v = V8([0x1111_2222, 0x3333_4444, 0x5555_6666, 0x7777_8888]);
-            let before = v.0;
-            set_half(&mut v, i, 0xabcd);
-            for w in 0..4 {
-                let want = if w as u32 == i / 2 {
-                    if i % 2 == 0 {
-                        (before[w] & 0xffff_0000) | 0xabcd
+        for j in 0..24u32 {
+            let mut v = [V8([0; 4]); 3];
+            for (n, w) in v.iter_mut().flat_map(|v| v.0.iter_mut()).enumerate() {
+                *w = 0x0101_0101 * n as u32;
+            }
+            let before = v;
+            set_half(&mut v, j, 0xabcd);
+            for k in 0..3 {
+                for w in 0..4 {
+                    let b = before[k].0[w];
+                    let want = if (4 * k + w) as u32 == j / 2 {
+                        if j % 2 == 0 {
+                            (b & 0xffff_0000) | 0xabcd
+                        } else {
+                            (b & 0xffff) | 0xabcd_0000
+                        }
                     } else {
-                        (before[w] & 0xffff) | 0xabcd_0000
-                    }
-                } else {
-                    before[w]
-                };
-                assert_eq!(v.0[w], want, "i {i} word {w}");
+                        b
+                    };
+                    assert_eq!(v[k].0[w], want, "j {j} vector {k} word {w}");
+                }
             }
         }
+    }
+
+    #[test]
+    fn offsets_follow_the_row_layout() {
+        // Lane 3 of 8: vector k covers halves (8k + 3) * 8 ..
+        assert_eq!(offset_of::<8>(0, 3), 24);
+        assert_eq!(offset_of::<8>(7, 3), 31);
+        assert_eq!(offset_of::<8>(8, 3), 88);
+        assert_eq!(offset_of::<8>(23, 3), (2 * 8 + 3) * 8 + 7);
     }
 }
