@@ -13,20 +13,27 @@
 //!    `|gamma| (K1 |o_hat| + K2) <= |z|` (the constants round `2^-7.78`
 //!    and `2^-16.48` up, covering the test's own f32 roundings), then
 //!    `E1 <= 2^-12.5 |z|`, `|y| >= |z| (1 - 2^-12.5) / (1 + u)` and
-//!    `|z - y| < 2^-12 |y|`: `z` is kept. Three instructions per output;
-//!    random data flags about one output in 500, Pangu's LayerNorms fewer.
-//! 2. **Row-precise** ([`Precise`], per lane, only for a flagged vector):
-//!    from the exact row sum `S` and the f64 sum of squares `S2`
-//!    ([`super::ln_stats::RowSums`]): `var = S2/W - (S/W)^2`, whose
-//!    relative error is `2^-47.8 K + 2^-51.9` with `K = (var + mu^2) /
-//!    (var + eps)` (the cancellation of the one-pass variance), `rstd` by
-//!    two Newton steps in f64 from the f32 `rstd` (within `2^-20.6`), and
-//!    `o = D c` with `D = W x - S` exact in f64 (21-bit products, sums of
-//!    multiples of 2^-24 below 2^26) and `c = rstd / W`. Then
-//!    `|y2 - y| <= Ea = |gamma o2| (K + 1) 2^-48.7` (the `K` read back as
-//!    `S2/W rstd^2`, trusted only when Newton converged and `K <= 2^36`);
-//!    `y2` is kept when `Ea <= 2^-12.5 |y2|`, or `Ea <= 2^-25.2` and
-//!    `|y2| <= 2^-12`: in both cases `|f32(y2) - y| < half an ulp16(y)`.
+//!    `|z - y| < 2^-12 |y|`: `z` is kept. Rows whose one-pass f64 variance
+//!    is precise (`K <= 2^20`, `K` below) first get that variance's `rstd`
+//!    ([`fast_stats`]): then `o_hat` is within `3.1 u |o| + 2^-36.2`
+//!    (the offset's, the `rstd`'s and the fused multiply-add's roundings;
+//!    `|mu| rstd <= sqrt(K) <= 2^10` bounds the mean's part), and the
+//!    constants are `2^-9.87` and `2^-23.7`, rounded up: a quarter as
+//!    many outputs are flagged (on random data with `gamma ~ N(1, 0.5)`,
+//!    `beta ~ N(0, 0.5)`, about one in 4000).
+//! 2. **Row-precise** ([`Precise`], per lane, only for a lane with a
+//!    flagged output): from the exact row sum `S` and the f64 sum of
+//!    squares `S2` ([`super::ln_stats::RowSums`]): `var = S2/W - (S/W)^2`,
+//!    whose relative error is `2^-47.8 K + 2^-51.9` with `K = (var +
+//!    mu^2) / (var + eps)` (the cancellation of the one-pass variance),
+//!    `rstd` by two Newton steps in f64 from the f32 `rstd` (within
+//!    `2^-20.6`), and `o = D c` with `D = W x - S` exact in f64 (21-bit
+//!    products, sums of multiples of 2^-24 below 2^26) and `c = rstd / W`.
+//!    Then `|y2 - y| <= Ea = |gamma o2| (K + 1) 2^-48.7` (the `K` read back
+//!    as `S2/W rstd^2`, trusted only when Newton converged and `K <=
+//!    2^36`); `y2` is kept when `Ea <= 2^-12.5 |y2|`, or `Ea <= 2^-25.2`
+//!    and `|y2| <= 2^-12`: in both cases `|f32(y2) - y| < half an
+//!    ulp16(y)`.
 //! 3. **Exact variance** ([`exact_factor`], the whole wave when any lane
 //!    needs it): `Q = sum D_i^2` in f64 over the row (each `D_i` exact, 29
 //!    roundings at most: `2^-48.1 Q`), `var = Q / W^3`, the same Newton
@@ -38,11 +45,19 @@
 //!
 //! So every affine output is within one ulp16 of the exact value (an
 //! `f32` within half an ulp16 of `y` rounds to an f16 within one ulp16 of
-//! `y`, see [`super::ln_stats`]). Tiers 2 and 3 reload the lane's own
-//! inputs (`x_row`, still unchanged when they run: outputs are stored
-//! last); tier 3 is entered by the whole wave ([`gpu::wave_any`]) because
-//! it reduces over the row group. NaN and infinite rows never leave tier
-//! 1 (the filter is false on NaN): their outputs are NaN as before.
+//! `y`, see [`super::ln_stats`]).
+//!
+//! Cost: the fast loop ORs tier 1's test into one predicate (three
+//! instructions per output) and stores its outputs at once; a lane with a
+//! flagged output then recomputes its tests from reloaded inputs
+//! ([`care_bits`], the same operations, so the same bits) and redoes the
+//! flagged outputs one at a time ([`refine`], scalar reloads and stores
+//! that overwrite the fast ones in the same thread's program order;
+//! `x` and `y` never overlap). Tier 3 is entered by the whole wave
+//! ([`gpu::wave_any`]) because it reduces over the row group. NaN and
+//! infinite rows never leave tier 1 (the test is false on NaN): their
+//! outputs are NaN as before. Measured cost on the H200: BENCHMARKS.md,
+//! ninth session.
 use crate::gpu;
 use crate::math;
 use crate::vec::load8;

@@ -77,14 +77,11 @@
 //!
 //! `fma(o_hat, gamma, beta)` rounds once: its error is `|gamma| |o_hat - o|
 //! + u |y|`, within one ulp of `y` unless the affine map cancels (`|y|` far
-//! below `|o gamma|`), and in general within
-//! `(1 + 2^-12) ulp16(y) + 2^-20 |o gamma| + 2^-28 |gamma|`. The last two
-//! terms are the affine map's own conditioning, not the statistics': even a
-//! correctly rounded f32 `o` carries `2^-24 |o gamma|` into `y`, a whole
-//! f16 ulp when `|o gamma| = 1` and `y` is near 0. Removing them would need
-//! `o` to about `2^-25 / |o gamma|` relative (2^-41 for `|gamma|` near
-//! 65504), beyond f64 for rows with a large offset. Constant rows still
-//! give exactly `beta` (`o = 0`).
+//! below `|o gamma|`): even a correctly rounded f32 `o` carries
+//! `2^-24 |o gamma|` into `y`, a whole f16 ulp when `|o gamma| = 1` and `y`
+//! is near 0. [`super::ln_affine`] finds those outputs and redoes them in
+//! f64 from the exact row sum, so that every affine output is within one
+//! ulp too. Constant rows give exactly `beta` (`o = 0`).
 //!
 //! Rows holding NaN or Inf: `S` is NaN or infinite, `lo` NaN, and the whole
 //! row NaN (as PyTorch).

@@ -7,8 +7,8 @@
 //!   f16 sum); an overflow gives ±Inf as in PyTorch. `r` is written out.
 //! - `y` is the LayerNorm of the ROUNDED `r` (never of the unrounded f32
 //!   sum), with the numerics of [`crate::layer_norm`]: within one f16 ulp
-//!   of the exact LayerNorm of `r` (affine: plus its own cancellation
-//!   term), rounded once to f16. A row holding NaN or Inf gives NaN
+//!   of the exact LayerNorm of `r` (with or without affine), rounded once
+//!   to f16. A row holding NaN or Inf gives NaN
 //!   everywhere in that row of `y`.
 //!
 //! Engines keep the residual stream in one buffer and update it in place:

@@ -3,12 +3,13 @@
 //! Contract (`torch.nn.functional.layer_norm` on f16 tensors, more
 //! accurate): biased variance, `y = (x - mean) / sqrt(var + eps)`, then
 //! `* gamma + beta` when affine, rounded once to f16. Every output is within
-//! one f16 ulp of the exact LayerNorm of the f16 row (the row sum is exact,
-//! the rest f32; constant rows give exactly 0); with affine, plus only the
-//! affine map's own cancellation term (`2^-20 |o gamma|`, `o` the
-//! normalised value). The derivation is in the device crate's
-//! `kernels/ln_stats.rs`. A row holding NaN or Inf gives NaN everywhere in
-//! that row.
+//! one f16 ulp of the exact LayerNorm of the f16 row, with or without
+//! affine, also where `gamma * o + beta` cancels (the row sum is exact, the
+//! rest f32, and the few affine outputs an f32 computation cannot get
+//! within an ulp are redone in f64; constant rows give exactly 0 or
+//! `beta`). The derivations are in the device crate's `kernels/ln_stats.rs`
+//! and `kernels/ln_affine.rs`. A row holding NaN or Inf gives NaN
+//! everywhere in that row.
 use super::Check;
 use crate::backend::Launch;
 use crate::buffer::{Span, View, ViewMut};

@@ -3,8 +3,8 @@
 //!
 //! Contract: `out[t] = plan[t] >= 0 ? LayerNorm(src[plan[t]]) : 0`, where
 //! LayerNorm has exactly the numerics of [`crate::layer_norm`] (within one
-//! f16 ulp of the exact LayerNorm, affine adding only its own cancellation
-//! term; rounded once to f16; a NaN/Inf row gives a NaN row). Padding tokens are `+0.0` (also with affine: zero, not
+//! f16 ulp of the exact LayerNorm, with or without affine; rounded once to
+//! f16; a NaN/Inf row gives a NaN row). Padding tokens are `+0.0` (also with affine: zero, not
 //! `beta`), as PyTorch's `LN -> pad -> partition` order produces.
 use super::Check;
 use super::gather::{GatherPlan, check_plan, row_launch};
