@@ -1,14 +1,13 @@
 //! LayerNorm through the public API on every backend present.
 //!
 //! Tolerance (`check_ln_row`): every element within one f16 ulp of the
-//! exact (f64) LayerNorm of the same f16 row, with no conditioning term;
-//! with affine, `y = o * gamma + beta` may add only the affine map's own
-//! cancellation term `2^-20 |o gamma| + 2^-28 |gamma|` (the kernels'
-//! bound, derived in device/src/kernels/ln_stats.rs). The rows
+//! exact (f64) LayerNorm of the same f16 row, with or without affine, with
+//! no conditioning term (the kernels' bound, derived in
+//! device/src/kernels/ln_stats.rs and ln_affine.rs). The rows
 //! (`common::rows`) are mostly ill-conditioned: large offsets with small
 //! spreads, constant and near-constant rows, +-65504, subnormals, tiny
 //! values with large outliers, two-valued rows; affine parameters include
-//! near-cancelling ones; NaN and infinities appear in some rows.
+//! near-cancelling and exactly cancelling ones; NaN and infinities appear in some rows.
 #[macro_use]
 mod common;
 
@@ -125,6 +124,81 @@ fn every_row_kind_at_every_width() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn affine_outputs_that_cancel_exactly() {
+    // Balanced two-valued rows at large offsets with eps 0: `o` is exactly
+    // +-1, and `beta = -gamma` makes half of the outputs exactly 0 with
+    // `|gamma|` up to 65504. The fast `fma(o, gamma, beta)` leaves
+    // `2^-21 |gamma|` or more there (hundreds of ulps at 0): only the
+    // exact-variance tier (device/src/kernels/ln_affine.rs) gets these
+    // right; with eps 1e-5 the outputs are tiny but not 0.
+    for (i, &w) in WIDTHS.iter().enumerate() {
+        let mut rng = Rng(0xCA7 + i as u64);
+        let x: Vec<f16> = (0..45).flat_map(|_| ln_row(&mut rng, 9, w)).collect();
+        let (gamma, beta) = affine(&mut rng, 4, &x, w, 0.0);
+        for eps in [0.0, 1e-5] {
+            let case = Case {
+                width: w,
+                x: x.clone(),
+                gamma: Some(gamma.clone()),
+                beta: Some(beta.clone()),
+                eps,
+            };
+            for dev in devices() {
+                check(&dev, &case).unwrap_or_else(|e| panic!("width {w} eps {eps}: {e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn deep_cancellation_on_ill_conditioned_rows() {
+    // Rows of two values one quantum apart at ~1024, unbalanced (so the
+    // variance is not exact in any f64 formula): K = mean^2 / var is about
+    // 2^22. Each column's gamma (|gamma| in 2^10..2^15) is the f16 for
+    // which `gamma * o` lies nearest the f16 grid, and `beta = -f16(gamma *
+    // o)`: the outputs are 2^-20 to 2^-26 of `|gamma o|`. A one-pass
+    // variance `S2/W - mean^2` is then off by more than an ulp (tier 2 of
+    // device/src/kernels/ln_affine.rs must hand these to tier 3).
+    for (i, &w) in WIDTHS.iter().enumerate() {
+        let mut rng = Rng(0xDEE9 + i as u64);
+        let a = f16::from_f64(1024.0 + rng.below(512) as f64);
+        let b = f16::from_f64(a.to_f64() + 1.0);
+        let n_a = w / 2 + 4 + rng.below(8) as usize;
+        let mut row: Vec<f16> = (0..w).map(|j| if j < n_a { a } else { b }).collect();
+        for j in (1..w).rev() {
+            row.swap(j, rng.below(j as u64 + 1) as usize);
+        }
+        let o = common::oracle::layer_norm_row(&row, None, None, 0.0);
+        let mut gamma = Vec::with_capacity(w);
+        let mut beta = Vec::with_capacity(w);
+        for &oj in &o {
+            let mut best = (f64::INFINITY, f16::ONE);
+            for bits in 0x6400u16..0x7800 {
+                let g = f16::from_bits(bits);
+                let go = g.to_f64() * oj;
+                let r = (f16::from_f64(go).to_f64() - go).abs() / go.abs();
+                if r < best.0 {
+                    best = (r, g);
+                }
+            }
+            gamma.push(best.1);
+            beta.push(-f16::from_f64(best.1.to_f64() * oj));
+        }
+        let x: Vec<f16> = (0..9).flat_map(|_| row.clone()).collect();
+        let case = Case {
+            width: w,
+            x,
+            gamma: Some(gamma),
+            beta: Some(beta),
+            eps: 0.0,
+        };
+        for dev in devices() {
+            check(&dev, &case).unwrap_or_else(|e| panic!("width {w}: {e}"));
         }
     }
 }

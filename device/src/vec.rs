@@ -53,12 +53,18 @@ pub fn pack2(lo: f32, hi: f32) -> u32 {
 /// `p` must be valid for 16 bytes and 16-byte aligned.
 #[inline(always)]
 pub unsafe fn store8(p: *mut u16, v: [f32; 8]) {
+    // SAFETY: caller contract.
+    unsafe { store8_bits(p, pack8(v)) }
+}
+
+/// Eight `f32` rounded to halves (nearest-even), packed.
+#[inline(always)]
+pub fn pack8(v: [f32; 8]) -> V8 {
     let mut w = [0u32; 4];
     for (i, w) in w.iter_mut().enumerate() {
         *w = pack2(v[2 * i], v[2 * i + 1]);
     }
-    // SAFETY: caller contract.
-    unsafe { store8_bits(p, V8(w)) }
+    V8(w)
 }
 
 /// Stores eight halves given as raw bits at `p`.

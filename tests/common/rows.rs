@@ -7,7 +7,7 @@ use super::oracle;
 use half::f16;
 
 /// Kinds of rows [`ln_row`] draws.
-pub const ROW_KINDS: u8 = 9;
+pub const ROW_KINDS: u8 = 10;
 
 /// A finite f16 drawn uniformly over bit patterns (so uniformly over
 /// binades, subnormals and both signs included).
@@ -42,7 +42,11 @@ fn quantum(v: f64) -> f64 {
 ///    nearest the mean (outputs near 0 in a row whose mean carries tiny
 ///    bits);
 /// 7. two values, in random positions;
-/// 8. `scale * N(0,1)` plus an offset of `3 * scale` or -100.
+/// 8. `scale * N(0,1)` plus an offset of `3 * scale` or -100;
+/// 9. two values, each in exactly half of the row, in random positions,
+///    mostly a few quanta apart at a large offset: the normalised values
+///    are exactly +-1 when eps is 0 (with [`affine`] kind 4, outputs that
+///    cancel to exactly 0).
 pub fn ln_row(rng: &mut Rng, kind: u8, w: usize) -> Vec<f16> {
     let sign = |rng: &mut Rng| if rng.below(2) == 0 { 1.0 } else { -1.0 };
     match kind % ROW_KINDS {
@@ -100,7 +104,7 @@ pub fn ln_row(rng: &mut Rng, kind: u8, w: usize) -> Vec<f16> {
                 .map(|_| if rng.below(2) == 0 { a } else { b })
                 .collect()
         }
-        _ => {
+        8 => {
             let scale = 10f64.powf(-3.0 + 7.7 * rng.unit());
             let offset = if rng.below(2) == 0 {
                 3.0 * scale
@@ -108,6 +112,20 @@ pub fn ln_row(rng: &mut Rng, kind: u8, w: usize) -> Vec<f16> {
                 -100.0
             };
             rng.halves(w, scale, offset)
+        }
+        _ => {
+            let (a, b) = if rng.below(4) == 0 {
+                (any_finite(rng), any_finite(rng))
+            } else {
+                let c = sign(rng) * 2f64.powf(16.0 * rng.unit()).min(65000.0);
+                let steps = (1 + rng.below(8)) as f64;
+                (sat(c), sat(c + steps * quantum(c)))
+            };
+            let mut x: Vec<f16> = (0..w).map(|i| if i < w / 2 { a } else { b }).collect();
+            for i in (1..w).rev() {
+                x.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            x
         }
     }
 }
@@ -129,7 +147,7 @@ pub fn ln_rows(rng: &mut Rng, rows: usize, w: usize, specials: bool) -> Vec<f16>
 }
 
 /// Kinds of affine parameters [`affine`] draws.
-pub const AFFINE_KINDS: u8 = 4;
+pub const AFFINE_KINDS: u8 = 5;
 
 /// `gamma`, `beta` of width `w` for rows `x` (row-major), kind `kind`
 /// (modulo [`AFFINE_KINDS`]):
@@ -138,7 +156,10 @@ pub const AFFINE_KINDS: u8 = 4;
 /// 2. near-cancelling: `beta = -f16(o * gamma)` for the normalised values
 ///    `o` of one finite row of `x`, so that row's outputs lie near 0 (the
 ///    affine map's cancellation, at a ratio of about 2^11);
-/// 3. as 0 with some `gamma` exactly 0 (the output is `beta` exactly).
+/// 3. as 0 with some `gamma` exactly 0 (the output is `beta` exactly);
+/// 4. `beta = -gamma`, `|gamma|` up to 65504: where `o` is 1 the output
+///    cancels to 0 (exactly, with row kind 9 and eps 0), where `o` is near 1
+///    to far below `2^-24 |gamma|`.
 pub fn affine(rng: &mut Rng, kind: u8, x: &[f16], w: usize, eps: f32) -> (Vec<f16>, Vec<f16>) {
     match kind % AFFINE_KINDS {
         0 => (rng.halves(w, 0.5, 1.0), rng.halves(w, 0.5, 0.0)),
@@ -155,6 +176,15 @@ pub fn affine(rng: &mut Rng, kind: u8, x: &[f16], w: usize, eps: f32) -> (Vec<f1
             let row = rows[rng.below(rows.len() as u64) as usize];
             let o = oracle::layer_norm_row(row, None, None, f64::from(eps));
             let beta = (0..w).map(|i| sat(-(o[i] * gamma[i].to_f64()))).collect();
+            (gamma, beta)
+        }
+        4 => {
+            let gamma: Vec<f16> = (0..w)
+                .map(|_| {
+                    sat(2f64.powf(16.0 * rng.unit()) * if rng.below(2) == 0 { 1.0 } else { -1.0 })
+                })
+                .collect();
+            let beta = gamma.iter().map(|g| -*g).collect();
             (gamma, beta)
         }
         _ => {

@@ -28,6 +28,10 @@ from wf_launch import ROW_BLOCK, Driver  # noqa: E402
 LANES = {192: 8, 384: 16, 768: 32}
 EPS = 1e-5
 L2_BYTES = 50 << 20
+# Set by --affine-all: affine cases of every family and width.
+AFFINE_ALL = False
+# Set by --beta-scale: beta ~ N(0, BETA_SCALE), gamma ~ N(1, 0.5).
+BETA_SCALE = 0.5
 
 
 def p(t):
@@ -53,9 +57,13 @@ def partition_table(z, h, w, wz=2, wh=6, ww=12):
 
 
 def ln_ref(x64, g, b):
-    m = x64.mean(-1, keepdim=True)
-    v = ((x64 - m) ** 2).mean(-1, keepdim=True)
-    y = (x64 - m) / torch.sqrt(v + EPS)
+    # Deviations from the exact row sum (W x - S) / W: a mean rounded to
+    # f64 leaves 2^-53 |mean| in each, visible in an affine output near 0.
+    w = x64.shape[-1]
+    s = x64.sum(-1, keepdim=True)
+    d = (w * x64 - s) / w
+    v = (d ** 2).mean(-1, keepdim=True)
+    y = d / torch.sqrt(v + EPS)
     if g is not None:
         y = y * g.double() + b.double()
     return y
@@ -73,6 +81,14 @@ def cases(dev):
     for rows, w in [(131040, 192), (32760, 384), (521280, 192), (131040, 384)]:
         out.append(("layer_norm", (rows, w), False))
     out.append(("layer_norm", (131040, 192), True))
+    if AFFINE_ALL:
+        for rows, w in [(32760, 384), (521280, 192), (131040, 384), (32760, 768)]:
+            out.append(("layer_norm", (rows, w), True))
+        for rows, w in [(131040, 192), (32760, 384), (32760, 768)]:
+            out.append(("add_layer_norm", (rows, w), True))
+        for g in [(8, 91, 180, 192), (8, 91, 180, 384)]:
+            out.append(("layer_norm_gather", g, True))
+            out.append(("add_layer_norm_gather", g, True))
     for rows, w in [(131040, 192), (32760, 384), (521280, 192), (131040, 384)]:
         out.append(("add_layer_norm", (rows, w), False))
     for g in [(8, 91, 180, 192), (8, 181, 360, 192), (8, 91, 180, 384)]:
@@ -93,7 +109,7 @@ def make(kind, shape, affine, dev):
         table = partition_table(z, h, ww_).to(dev)
     n_out = table.numel() if table is not None else rows
     g = (torch.randn(w, device=dev) * 0.5 + 1).half() if affine else None
-    b = (torch.randn(w, device=dev) * 0.5).half() if affine else None
+    b = (torch.randn(w, device=dev) * BETA_SCALE).half() if affine else None
     two = kind.startswith("add")
     per_set = rows * w * 2 * (2 if two else 1) + n_out * w * 2 + (rows * w * 2 if two else 0)
     nsets = max(2, -(-3 * L2_BYTES // per_set))
@@ -154,7 +170,11 @@ def main():
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="")
+    ap.add_argument("--affine-all", action="store_true")
+    ap.add_argument("--beta-scale", type=float, default=0.5)
     a = ap.parse_args()
+    global AFFINE_ALL, BETA_SCALE
+    AFFINE_ALL, BETA_SCALE = a.affine_all, a.beta_scale
     dev = torch.device("cuda")
     mods = []
     for spec in a.builds:

@@ -116,6 +116,20 @@ pub fn group_sum_n<const LANES: u32, const N: usize>(mut v: [f32; N]) -> [f32; N
     v
 }
 
+/// Whether `p` holds on any lane of the wave (every lane gets the answer):
+/// a butterfly OR over the wave's lanes, so a branch on it is uniform and
+/// may contain collectives.
+#[inline(always)]
+pub fn wave_any(p: bool) -> bool {
+    let mut v = u32::from(p);
+    let mut mask = 1;
+    while mask < wave_size() {
+        v |= shfl_xor_u32(v, mask);
+        mask <<= 1;
+    }
+    v != 0
+}
+
 /// Max over aligned groups of `LANES` consecutive lanes (see [`group_sum`]).
 /// NaN propagates.
 #[inline(always)]
@@ -184,6 +198,12 @@ pub unsafe fn load_i32_keep(p: *const i32) -> i32 {
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     imp::fma(a, b, c)
+}
+
+/// `a * b + c` in f64 with one rounding (`v_fma_f64`, `fma.rn.f64`).
+#[inline(always)]
+pub fn fma_f64(a: f64, b: f64, c: f64) -> f64 {
+    imp::fma_f64(a, b, c)
 }
 
 /// `1 / sqrt(x)`: on NVIDIA the hardware's `rsqrt.approx.f32` (relative

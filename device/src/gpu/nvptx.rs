@@ -117,6 +117,11 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
 }
 
 #[inline(always)]
+pub fn fma_f64(a: f64, b: f64, c: f64) -> f64 {
+    core::intrinsics::fmaf64(a, b, c)
+}
+
+#[inline(always)]
 pub fn rsqrt(x: f32) -> f32 {
     // SAFETY: a pure arithmetic intrinsic, defined for every input.
     unsafe { nvvm_rsqrt_approx(x) }

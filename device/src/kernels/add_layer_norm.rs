@@ -19,9 +19,9 @@
 //! so `residual_out == residual` (in place) is race-free. Rows past the end
 //! and steps past the row are predicated off; their lanes still join the
 //! group reductions.
-use super::layer_norm::{in_row, normalise_store};
+use super::layer_norm::{RowIo, in_row, normalise_store};
 use super::ln_stats::{
-    Mean, group_sum_f64_n, lane_sq_sum, lane_sum_exact, mean_of, offsets, stats_of,
+    Mean, RowSums, group_sum_f64_n, lane_sq_sum, lane_sums, mean_of, offsets, stats_of,
 };
 use crate::gpu;
 use crate::vec::{V8, add_h2, load8_bits, store8_bits, widen2};
@@ -91,8 +91,11 @@ pub unsafe fn add_layer_norm<
     }
     // Statistics as in `ln_stats::moments`, the rows' reductions interleaved.
     let mut sums = [0.0f64; R];
+    let mut sqs = [0.0f64; R];
     for r in 0..R {
-        sums[r] = lane_sum_exact(&v[r]);
+        let p = lane_sums::<NV, AFFINE>(&v[r]);
+        sums[r] = p.sum;
+        sqs[r] = p.sq;
     }
     // The residual goes out before the statistics: its packed sums then
     // need no registers across the reductions (the 384-wide kernel: 56
@@ -109,6 +112,11 @@ pub unsafe fn add_layer_norm<
         }
     }
     let sums = group_sum_f64_n::<L, R>(sums);
+    let sqs = if AFFINE {
+        group_sum_f64_n::<L, R>(sqs)
+    } else {
+        sqs
+    };
     let mut mean = [Mean { hi: 0.0, lo: 0.0 }; R];
     let mut sq = [0.0f32; R];
     for r in 0..R {
@@ -117,23 +125,29 @@ pub unsafe fn add_layer_norm<
         sq[r] = lane_sq_sum(&v[r]);
     }
     let sq = gpu::group_sum_n::<L, R>(sq);
-    for r in 0..R {
+    const { assert!(R <= 2) };
+    // Unrolled by hand: the affine refinement's loops over set bits left
+    // this loop rolled, and `v` went to local memory.
+    crate::unroll!(r in [0, 1] {
+        if r < R {
         let row = first + r as u64;
-        if row < rows {
-            let st = stats_of::<W>(sq[r], mean[r], eps);
-            // SAFETY: row < rows; `y` row and affine vectors in bounds.
-            unsafe {
-                normalise_store::<W, L, NV, AFFINE>(
-                    &v[r],
-                    st,
-                    y.add(row as usize * W),
-                    gamma,
-                    beta,
-                    lane,
-                )
-            };
+        let st = stats_of::<W>(sq[r], mean[r], eps);
+        // The LayerNorm's input row is the stored sum: this lane's own
+        // stores are all a refinement reads back.
+        let io = RowIo {
+            x: residual_out.cast_const().wrapping_add(row as usize * W),
+            y: y.wrapping_add(row as usize * W),
+            active: row < rows,
+        };
+        let rs = RowSums {
+            sum: sums[r],
+            sq: sqs[r],
+        };
+        // SAFETY: where active, row < rows: the rows lie inside
+        // residual_out and y; affine vectors in bounds.
+        unsafe { normalise_store::<W, L, NV, AFFINE>(&v[r], st, rs, io, gamma, beta, eps, lane) };
         }
-    }
+    });
 }
 
 /// The launch shape of one width in this build (see [`AddLnShape`]).

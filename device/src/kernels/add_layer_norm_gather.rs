@@ -85,21 +85,30 @@ pub unsafe fn add_layer_norm_gather<
         }
     }
     // Every lane of the group, active or not, joins the reductions.
-    let st = moments::<W, L, NV>(&mut v, lane, eps);
-    if active {
-        // SAFETY: row < n_out; `out` row and affine vectors in bounds.
-        unsafe {
-            store_gathered::<W, L, NV, AFFINE>(
-                &v,
-                s.is_some(),
-                st,
-                out.add(row as usize * W),
-                gamma,
-                beta,
-                lane,
-            )
-        };
-    }
+    let (st, sums) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
+    // The LayerNorm's input row is the stored sum (this lane's own stores
+    // are all a refinement reads back).
+    let x_row = match s {
+        Some(s) => residual_out.cast_const().wrapping_add(s * W),
+        None => residual_out.cast_const(),
+    };
+    // SAFETY: where active, row < n_out; the source row is inside
+    // residual_out.
+    unsafe {
+        store_gathered::<W, L, NV, AFFINE>(
+            &v,
+            st,
+            sums,
+            x_row,
+            s.is_some(),
+            out.wrapping_add(row as usize * W),
+            active,
+            gamma,
+            beta,
+            eps,
+            lane,
+        )
+    };
 }
 
 macro_rules! add_layer_norm_gather_entries {

@@ -11,10 +11,11 @@
 //! Layout: [`wavefuse_shared::RowLayout`] (a group of `L` lanes per row,
 //! three 16-byte vectors per lane). Rows past the end are predicated off,
 //! never returned early from: their lanes still join the group reductions.
-use super::ln_stats::{Stats, moments};
+use super::ln_affine::{exact, exact_factor, needs_care, refine};
+use super::ln_stats::{RowSums, Stats, moments};
 use crate::gpu;
 use crate::math;
-use crate::vec::{load8, store8};
+use crate::vec::{V8, load8, pack8, store8, store8_bits};
 use wavefuse_shared::ROW_BLOCK;
 
 /// This lane's index in its row group and the group's row: groups of `L`
@@ -56,50 +57,117 @@ pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AF
             }
         }
     }
-    let st = moments::<W, L, NV>(&mut v, lane, eps);
-    if active {
-        // SAFETY: row < rows; `y` row and affine vectors in bounds.
-        unsafe { normalise_store::<W, L, NV, AFFINE>(&v, st, y.add(base), gamma, beta, lane) };
-    }
+    let (st, sums) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
+    let io = RowIo {
+        x: x.wrapping_add(base),
+        y: y.wrapping_add(base),
+        active,
+    };
+    // SAFETY: where active, row < rows: the row lies inside x and y.
+    unsafe { normalise_store::<W, L, NV, AFFINE>(&v, st, sums, io, gamma, beta, eps, lane) };
+}
+
+/// One output row's place in memory and whether this lane writes it.
+#[derive(Clone, Copy)]
+pub struct RowIo {
+    /// The row's f16 inputs (the affine refinement reloads them): valid
+    /// for `W` halves where `active`.
+    pub x: *const u16,
+    /// The row's outputs: valid for `W` halves where `active`.
+    pub y: *mut u16,
+    /// Whether this lane computes and stores the row (lanes that do not
+    /// still call [`normalise_store`]: it may hold wave collectives).
+    pub active: bool,
 }
 
 /// Writes `(t - lo) * rstd [* gamma + beta]` as halves, `t` the lane's
 /// [`super::ln_stats::offsets`] (`fma(t, rstd, shift)`, see [`Stats`]): its
-/// `NV` vectors of one row (vector `k * L + lane`, those inside the row)
-/// starting at `y_row`. The affine step is one fused multiply-add (one
-/// rounding).
+/// `NV` vectors of one row (vector `k * L + lane`, those inside the row).
+/// The affine step is one fused multiply-add (one rounding), refined where
+/// it cancels ([`super::ln_affine`]; `sums` and `eps` serve that).
+///
+/// Every lane of the wave must call it (with `AFFINE`, a wave vote and
+/// possibly group reductions); `io.active` says which lanes store.
 ///
 /// # Safety
-/// `y_row` valid for `W` halves, `gamma`/`beta` for `W` halves when
+/// Where `io.active`, `io.x`/`io.y` valid for `W` halves (and `io.x`
+/// unchanged until this returns); `gamma`/`beta` valid for `W` halves when
 /// `AFFINE`; all 16-byte aligned; `lane < L`.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
     t: &[[f32; 8]; NV],
     st: Stats,
-    y_row: *mut u16,
+    sums: RowSums,
+    io: RowIo,
     gamma: *const u16,
     beta: *const u16,
+    eps: f32,
     lane: usize,
 ) {
-    for k in 0..NV {
-        if !in_row::<W, L, NV>(k, lane) {
-            continue;
-        }
-        let col = (k * L as usize + lane) * 8;
-        let mut o = [0.0f32; 8];
-        for i in 0..8 {
-            o[i] = math::fma(t[k][i], st.rstd, st.shift);
-        }
-        if AFFINE {
-            // SAFETY: col + 8 <= W.
-            let (g, b) = unsafe { (load8(gamma.add(col)), load8(beta.add(col))) };
-            for i in 0..8 {
-                o[i] = math::fma(o[i], g[i], b[i]);
+    let col = |k: usize| (k * L as usize + lane) * 8;
+    if !AFFINE {
+        if io.active {
+            for k in 0..NV {
+                if in_row::<W, L, NV>(k, lane) {
+                    let mut o = [0.0f32; 8];
+                    for i in 0..8 {
+                        o[i] = math::fma(t[k][i], st.rstd, st.shift);
+                    }
+                    // SAFETY: col + 8 <= W.
+                    unsafe { store8(io.y.add(col(k)), o) };
+                }
             }
         }
-        // SAFETY: col + 8 <= W.
-        unsafe { store8(y_row.add(col), o) };
+        return;
+    }
+    // Outputs are held packed until every tier has run: tiers 2 and 3
+    // reload `x`, which may be `y` (in place). Tier 2 runs after the fast
+    // loop, when `t` is dead: inside it, its f64 work raised the register
+    // count by ten.
+    const { assert!(NV <= 4) };
+    let mut out = [V8([0; 4]); NV];
+    let mut care = 0u32;
+    if io.active {
+        // Unrolled by hand: with the rare paths' loops over set bits LLVM
+        // left these loops rolled, and `t` and `out` went to local memory.
+        crate::unroll!(k in [0, 1, 2, 3] {
+            if k < NV && in_row::<W, L, NV>(k, lane) {
+                // SAFETY: col + 8 <= W.
+                let (g, b) = unsafe { (load8(gamma.add(col(k))), load8(beta.add(col(k)))) };
+                let mut z = [0.0f32; 8];
+                let mut bits = 0u32;
+                for i in 0..8 {
+                    let o = math::fma(t[k][i], st.rstd, st.shift);
+                    z[i] = math::fma(o, g[i], b[i]);
+                    bits |= u32::from(needs_care(o, g[i], z[i])) << i;
+                }
+                out[k] = pack8(z);
+                care |= bits << (8 * k);
+            }
+        });
+    }
+    let hard = if care != 0 {
+        // SAFETY: bits are set only for active lanes' outputs inside the
+        // row.
+        unsafe { refine::<W, L, NV>(&mut out, care, io.x, gamma, beta, lane, sums, st.rstd, eps) }
+    } else {
+        0
+    };
+    if gpu::wave_any(hard != 0) {
+        // SAFETY: io.x read only where active; bits as above.
+        unsafe {
+            let c = exact_factor::<W, L, NV>(io.x, sums.sum, st.rstd, eps, lane, io.active);
+            exact::<W, L, NV>(&mut out, hard, io.x, gamma, beta, lane, sums.sum, c);
+        }
+    }
+    if io.active {
+        for k in 0..NV {
+            if in_row::<W, L, NV>(k, lane) {
+                // SAFETY: col + 8 <= W.
+                unsafe { store8_bits(io.y.add(col(k)), out[k]) };
+            }
+        }
     }
 }
 

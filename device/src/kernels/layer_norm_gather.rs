@@ -10,8 +10,8 @@
 //! `0..n_src` (impossible after the host's validation) is treated as
 //! padding, never read.
 use super::gather::source_of_row;
-use super::layer_norm::{group_row, in_row, normalise_store};
-use super::ln_stats::{Stats, moments};
+use super::layer_norm::{RowIo, group_row, in_row, normalise_store};
+use super::ln_stats::{RowSums, Stats, moments};
 use crate::vec::{V8, load8};
 
 /// One row group's gathered LayerNorm.
@@ -52,42 +52,60 @@ pub unsafe fn layer_norm_gather<
         }
     }
     // Every lane of the group, active or not, joins the reductions.
-    let st = moments::<W, L, NV>(&mut v, lane, eps);
-    if active {
-        // SAFETY: row < n_out; `out` row and affine vectors in bounds.
-        unsafe {
-            store_gathered::<W, L, NV, AFFINE>(
-                &v,
-                s.is_some(),
-                st,
-                out.add(row as usize * W),
-                gamma,
-                beta,
-                lane,
-            )
-        };
-    }
+    let (st, sums) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
+    let x_row = match s {
+        Some(s) => src.wrapping_add(s * W),
+        None => src,
+    };
+    // SAFETY: where active, row < n_out and the source row is inside src.
+    unsafe {
+        store_gathered::<W, L, NV, AFFINE>(
+            &v,
+            st,
+            sums,
+            x_row,
+            s.is_some(),
+            out.wrapping_add(row as usize * W),
+            active,
+            gamma,
+            beta,
+            eps,
+            lane,
+        )
+    };
 }
 
 /// Writes one gathered output row: the normalised row (`t`, the offsets,
-/// see [`normalise_store`]) when it has a source, zeros for a padding row.
+/// see [`normalise_store`], its input row at `x_row`) when it has a
+/// source, zeros for a padding row. Every lane of the wave must call it;
+/// `active` says which lanes own an output row.
 ///
 /// # Safety
-/// As for [`normalise_store`].
+/// As for [`normalise_store`], with `x_row` valid where `active &&
+/// has_source`, `out_row` where `active`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn store_gathered<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
     t: &[[f32; 8]; NV],
-    has_source: bool,
     st: Stats,
+    sums: RowSums,
+    x_row: *const u16,
+    has_source: bool,
     out_row: *mut u16,
+    active: bool,
     gamma: *const u16,
     beta: *const u16,
+    eps: f32,
     lane: usize,
 ) {
-    if has_source {
-        // SAFETY: caller contract.
-        unsafe { normalise_store::<W, L, NV, AFFINE>(t, st, out_row, gamma, beta, lane) };
+    let io = RowIo {
+        x: x_row,
+        y: out_row,
+        active: active && has_source,
+    };
+    // SAFETY: caller contract.
+    unsafe { normalise_store::<W, L, NV, AFFINE>(t, st, sums, io, gamma, beta, eps, lane) };
+    if !active || has_source {
         return;
     }
     for k in 0..NV {

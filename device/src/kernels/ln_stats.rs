@@ -93,24 +93,62 @@ use crate::math;
 
 use super::layer_norm::in_row;
 
-/// The lane's share of the row sum, exact in f64 (see the module docs).
-/// Steps outside the row must hold zeros.
+/// The row's exact sum and, for the affine outputs' refinement
+/// ([`super::ln_affine`]), its sum of squares in f64.
+#[derive(Clone, Copy)]
+pub struct RowSums {
+    /// `S = sum x_i`, exact.
+    pub sum: f64,
+    /// `sum x_i^2` in f64 (each square exact, the additions rounded); 0
+    /// when not asked for.
+    pub sq: f64,
+}
+
+/// The lane's share of the row sum, exact in f64 (see the module docs),
+/// and with `SQ` of the sum of squares. Steps outside the row must hold
+/// zeros.
 ///
-/// One accumulator: every addition is exact, so the order cannot change
-/// the result, and a single chain keeps two registers live where eight
-/// partial sums kept sixteen. Those sixteen cost the affine LayerNorm and
-/// the 384-wide add+LayerNorm a workgroup per SM (52 and 72 registers) and
-/// about 1% of their speed on the H200 (BENCHMARKS.md, eighth session).
+/// One accumulator per sum: every addition to `sum` is exact, so the order
+/// cannot change it, and a single chain keeps two registers live where
+/// eight partial sums kept sixteen. Those sixteen cost the affine
+/// LayerNorm and the 384-wide add+LayerNorm a workgroup per SM (52 and 72
+/// registers) and about 1% of their speed on the H200 (BENCHMARKS.md,
+/// eighth session). A square of an f16 is exact in f64 (22 bits), so the
+/// fused multiply-add rounds only the sum.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // constant indices keep the row in registers
-pub fn lane_sum_exact<const NV: usize>(v: &[[f32; 8]; NV]) -> f64 {
+pub fn lane_sums<const NV: usize, const SQ: bool>(v: &[[f32; 8]; NV]) -> RowSums {
     let mut s = 0.0f64;
+    let mut q = 0.0f64;
     for k in 0..NV {
         for i in 0..8 {
-            s += f64::from(v[k][i]);
+            let x = f64::from(v[k][i]);
+            s += x;
+            if SQ {
+                q = gpu::fma_f64(x, x, q);
+            }
         }
     }
-    s
+    RowSums { sum: s, sq: q }
+}
+
+/// [`lane_sums`] without the squares: the exact sum alone.
+#[inline(always)]
+pub fn lane_sum_exact<const NV: usize>(v: &[[f32; 8]; NV]) -> f64 {
+    lane_sums::<NV, false>(v).sum
+}
+
+/// [`lane_sums`] summed over the row group of `L` lanes.
+#[inline(always)]
+pub fn row_sums<const L: u32, const NV: usize, const SQ: bool>(v: &[[f32; 8]; NV]) -> RowSums {
+    let p = lane_sums::<NV, SQ>(v);
+    if SQ {
+        let [sum, sq] = group_sum_f64_n::<L, 2>([p.sum, p.sq]);
+        RowSums { sum, sq }
+    } else {
+        let [sum] = group_sum_f64_n::<L, 1>([p.sum]);
+        RowSums { sum, sq: 0.0 }
+    }
 }
 
 /// Sums of `N` f64 values over aligned groups of `L` consecutive lanes
@@ -222,18 +260,22 @@ pub fn stats_of<const W: usize>(q: f32, m: Mean, eps: f32) -> Stats {
 }
 
 /// One row group's statistics: replaces `v` (the row, zeros outside it)
-/// by its [`offsets`] and returns what the output needs. Every lane of the
-/// group must call it (group reductions).
+/// by its [`offsets`] and returns what the output needs, with `SQ` (the
+/// affine outputs) also the sum of squares. Every lane of the group must
+/// call it (group reductions).
 #[inline(always)]
-pub fn moments<const W: usize, const L: u32, const NV: usize>(
+pub fn moments<const W: usize, const L: u32, const NV: usize, const SQ: bool>(
     v: &mut [[f32; 8]; NV],
     lane: usize,
     eps: f32,
-) -> Stats {
-    let [s] = group_sum_f64_n::<L, 1>([lane_sum_exact(v)]);
-    let m = mean_of::<W>(s);
+) -> (Stats, RowSums) {
+    let sums = row_sums::<L, NV, SQ>(v);
+    let m = mean_of::<W>(sums.sum);
     offsets::<W, L, NV>(v, m.hi, lane);
-    stats_of::<W>(gpu::group_sum::<L>(lane_sq_sum(v)), m, eps)
+    (
+        stats_of::<W>(gpu::group_sum::<L>(lane_sq_sum(v)), m, eps),
+        sums,
+    )
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub mod bias_mask_softmax;
 pub mod gather;
 pub mod layer_norm;
 pub mod layer_norm_gather;
+pub mod ln_affine;
 pub mod ln_stats;
 pub mod qkv_split;
 pub mod window_attention;

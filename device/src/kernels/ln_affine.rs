@@ -1,0 +1,307 @@
+//! Affine LayerNorm outputs within one f16 ulp of the exact
+//! `y = o gamma + beta` for every finite f16 row and every finite `gamma`,
+//! `beta`, also where the affine map cancels (`|y|` far below `|o gamma|`).
+//!
+//! The fast output `z = fma(o_hat, gamma, beta)` ([`super::ln_stats`],
+//! step 5) is within one ulp unless it cancels: `o_hat` carries
+//! `2^-20.3 |o| + 2^-29` of error, which `gamma` scales into `y`. So each
+//! output goes through at most three tiers (u = 2^-24; `ulp16` the f16
+//! spacing, half of it at least `max(2^-25, 2^-12 |y|)`):
+//!
+//! 1. **Filter** ([`needs_care`]): `|z - y| <= E1 + u |y|` with
+//!    `E1 = |gamma| (2^-20.28 |o_hat| + 2^-28.98)`. If
+//!    `|gamma| (K1 |o_hat| + K2) <= |z|` (the constants round `2^-7.78`
+//!    and `2^-16.48` up, covering the test's own f32 roundings), then
+//!    `E1 <= 2^-12.5 |z|`, `|y| >= |z| (1 - 2^-12.5) / (1 + u)` and
+//!    `|z - y| < 2^-12 |y|`: `z` is kept. Three instructions per output;
+//!    random data flags about one output in 500, Pangu's LayerNorms fewer.
+//! 2. **Row-precise** ([`Precise`], per lane, only for a flagged vector):
+//!    from the exact row sum `S` and the f64 sum of squares `S2`
+//!    ([`super::ln_stats::RowSums`]): `var = S2/W - (S/W)^2`, whose
+//!    relative error is `2^-47.8 K + 2^-51.9` with `K = (var + mu^2) /
+//!    (var + eps)` (the cancellation of the one-pass variance), `rstd` by
+//!    two Newton steps in f64 from the f32 `rstd` (within `2^-20.6`), and
+//!    `o = D c` with `D = W x - S` exact in f64 (21-bit products, sums of
+//!    multiples of 2^-24 below 2^26) and `c = rstd / W`. Then
+//!    `|y2 - y| <= Ea = |gamma o2| (K + 1) 2^-48.7` (the `K` read back as
+//!    `S2/W rstd^2`, trusted only when Newton converged and `K <= 2^36`);
+//!    `y2` is kept when `Ea <= 2^-12.5 |y2|`, or `Ea <= 2^-25.2` and
+//!    `|y2| <= 2^-12`: in both cases `|f32(y2) - y| < half an ulp16(y)`.
+//! 3. **Exact variance** ([`exact_factor`], the whole wave when any lane
+//!    needs it): `Q = sum D_i^2` in f64 over the row (each `D_i` exact, 29
+//!    roundings at most: `2^-48.1 Q`), `var = Q / W^3`, the same Newton
+//!    steps: `o` within `2^-48.2 |o|`, so `|y3 - y| <= 2^-48.1 |gamma o| +
+//!    2^-53 |y3|`. `|o| <= sqrt(W - 1)` and `|gamma| <= 65504` give
+//!    `|gamma o| <= 2^20.8`: at most `2^-27.3` absolute, below half an
+//!    ulp16 of any `y`. Rows with a large offset and a small spread (`K`
+//!    up to 2^34) end here when an output cancels.
+//!
+//! So every affine output is within one ulp16 of the exact value (an
+//! `f32` within half an ulp16 of `y` rounds to an f16 within one ulp16 of
+//! `y`, see [`super::ln_stats`]). Tiers 2 and 3 reload the lane's own
+//! inputs (`x_row`, still unchanged when they run: outputs are stored
+//! last); tier 3 is entered by the whole wave ([`gpu::wave_any`]) because
+//! it reduces over the row group. NaN and infinite rows never leave tier
+//! 1 (the filter is false on NaN): their outputs are NaN as before.
+use crate::gpu;
+use crate::math;
+use crate::vec::{V8, load8};
+
+use super::layer_norm::in_row;
+use super::ln_stats::RowSums;
+
+/// Tier 1's constants: `2^-7.78` and `2^-16.48` rounded up by 6% and 10%.
+const K1: f32 = 4.82e-3;
+const K2: f32 = 1.2e-5;
+
+/// Tier 1: whether `z = fma(o_hat, g, b)` may be more than half an ulp16
+/// from `o g + b` (module docs). False on NaN.
+#[inline(always)]
+pub fn needs_care(o_hat: f32, g: f32, z: f32) -> bool {
+    math::abs(g) * math::fma(math::abs(o_hat), K1, K2) > math::abs(z)
+}
+
+/// Tier 2's thresholds (module docs), rounded in the safe direction:
+/// `Ea` is scaled by at least 2^-48.7, compared with at most `2^-12.5 |y2|`
+/// or 2^-25.2 (for `|y2| <= 2^-12`); Newton counts as converged within
+/// 2^-30, and `K` is trusted up to 2^36.
+const ERR_SCALE: f64 = 2.19e-15;
+const REL: f64 = 1.7263e-4;
+const ABS: f64 = 2.59e-8;
+const SMALL: f64 = 2.44140625e-4;
+const CONVERGED: f64 = 9.313225746154785e-10;
+const K_MAX: f64 = 68719476736.0;
+
+/// `|v|` (core's `f64::abs` is not in every toolchain this crate builds
+/// with).
+#[inline(always)]
+fn abs64(v: f64) -> f64 {
+    f64::from_bits(v.to_bits() & !(1 << 63))
+}
+
+/// `rstd` in f64: two Newton steps for `v^(-1/2)` from the f32 `r0`.
+#[inline(always)]
+fn rsqrt_newton(r0: f32, v: f64) -> f64 {
+    let mut r = f64::from(r0);
+    for _ in 0..2 {
+        r *= 1.5 - 0.5 * v * r * r;
+    }
+    r
+}
+
+/// Tier 2's row factors (module docs): `c = rstd / W` and `Ea / |gamma
+/// o2|`, or not `valid`.
+#[derive(Clone, Copy)]
+pub struct Precise {
+    c: f64,
+    err: f64,
+    valid: bool,
+}
+
+impl Precise {
+    /// From the row's sums, the fast path's f32 `rstd` and `eps`.
+    #[inline(always)]
+    pub fn of<const W: usize>(sums: RowSums, rstd: f32, eps: f32) -> Self {
+        let inv_w = 1.0 / W as f64;
+        let mu = sums.sum * inv_w;
+        let m2 = sums.sq * inv_w;
+        let v = (m2 - mu * mu) + f64::from(eps);
+        let r = rsqrt_newton(rstd, v);
+        let k = m2 * r * r;
+        let conv = gpu::fma_f64(v * r, r, -1.0);
+        Precise {
+            c: r * inv_w,
+            err: (k + 1.0) * ERR_SCALE,
+            valid: abs64(conv) <= CONVERGED && k <= K_MAX,
+        }
+    }
+}
+
+/// The halves at `p + i` of an input row and of gamma and beta, as f32.
+///
+/// # Safety
+/// All three valid at `i`.
+#[inline(always)]
+unsafe fn inputs_at(x: *const u16, g: *const u16, b: *const u16, i: usize) -> [f32; 3] {
+    // SAFETY: caller contract.
+    unsafe {
+        [
+            gpu::h2f(x.add(i).read()),
+            gpu::h2f(g.add(i).read()),
+            gpu::h2f(b.add(i).read()),
+        ]
+    }
+}
+
+/// The offset in the row of output `j` of a lane (bit `j` of the masks
+/// below: vector `j / 8` of the lane's [`RowLayout`](wavefuse_shared::RowLayout)
+/// steps, half `j % 8`).
+#[inline(always)]
+fn offset_of<const L: u32>(j: u32, lane: usize) -> usize {
+    ((j / 8) as usize * L as usize + lane) * 8 + (j % 8) as usize
+}
+
+/// Tier 2 for the lane's outputs `bits` (bit `j`: vector `j / 8`, half
+/// `j % 8`) of its packed fast outputs `out`, in the row whose inputs and
+/// affine parameters start at `x`, `g`, `b`: each takes tier 2's value
+/// where its bound holds and is otherwise left to tier 3; returns those.
+/// One output at a time through a loop over the set bits, with scalar
+/// reloads (L1): the rare path stays within the fast path's registers.
+///
+/// # Safety
+/// `x`, `g`, `b` valid for the row's `W` halves.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn refine<const W: usize, const L: u32, const NV: usize>(
+    out: &mut [V8; NV],
+    mut bits: u32,
+    x: *const u16,
+    g: *const u16,
+    b: *const u16,
+    lane: usize,
+    sums: RowSums,
+    rstd: f32,
+    eps: f32,
+) -> u32 {
+    let p = Precise::of::<W>(sums, rstd, eps);
+    let mut hard = 0u32;
+    while bits != 0 {
+        let j = bits.trailing_zeros();
+        bits &= bits - 1;
+        // SAFETY: the output lies inside the row (caller contract).
+        let [x, g, b] = unsafe { inputs_at(x, g, b, offset_of::<L>(j, lane)) };
+        let d = W as f64 * f64::from(x) - sums.sum;
+        let go = d * p.c * f64::from(g);
+        let y = go + f64::from(b);
+        let ea = abs64(go) * p.err;
+        if p.valid && (ea <= REL * abs64(y) || (ea <= ABS && abs64(y) <= SMALL)) {
+            set_half(out, j, gpu::f2h(y as f32));
+        } else {
+            hard |= 1 << j;
+        }
+    }
+    hard
+}
+
+/// Tier 3's `c = rstd / W` from the exact deviations of the row: every lane
+/// of the wave must call it (group reduction); `x_row` is read only where
+/// `active`.
+///
+/// # Safety
+/// Where `active`, `x_row` valid for `W` halves, 16-byte aligned.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub unsafe fn exact_factor<const W: usize, const L: u32, const NV: usize>(
+    x_row: *const u16,
+    sum: f64,
+    rstd: f32,
+    eps: f32,
+    lane: usize,
+    active: bool,
+) -> f64 {
+    let mut q = 0.0f64;
+    if active {
+        for k in 0..NV {
+            if in_row::<W, L, NV>(k, lane) {
+                // SAFETY: the vector lies inside the row (caller contract).
+                let x = unsafe { load8(x_row.add((k * L as usize + lane) * 8)) };
+                for i in 0..8 {
+                    let d = W as f64 * f64::from(x[i]) - sum;
+                    q = gpu::fma_f64(d, d, q);
+                }
+            }
+        }
+    }
+    let [q] = super::ln_stats::group_sum_f64_n::<L, 1>([q]);
+    let w = W as f64;
+    let v = q * (1.0 / (w * w * w)) + f64::from(eps);
+    rsqrt_newton(rstd, v) * (1.0 / w)
+}
+
+/// Tier 3 for the lane's outputs `bits` (see [`refine`]), `c` from
+/// [`exact_factor`].
+///
+/// # Safety
+/// `x`, `g`, `b` valid for the row's `W` halves.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn exact<const W: usize, const L: u32, const NV: usize>(
+    out: &mut [V8; NV],
+    mut bits: u32,
+    x: *const u16,
+    g: *const u16,
+    b: *const u16,
+    lane: usize,
+    sum: f64,
+    c: f64,
+) {
+    while bits != 0 {
+        let j = bits.trailing_zeros();
+        bits &= bits - 1;
+        // SAFETY: the output lies inside the row (caller contract).
+        let [x, g, b] = unsafe { inputs_at(x, g, b, offset_of::<L>(j, lane)) };
+        let d = W as f64 * f64::from(x) - sum;
+        let y = d * c * f64::from(g) + f64::from(b);
+        set_half(out, j, gpu::f2h(y as f32));
+    }
+}
+
+/// Replaces half `j` (< 8 NV) of `v` by `h`: selects over every word, so
+/// `v` stays in registers under a variable `j`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+fn set_half<const NV: usize>(v: &mut [V8; NV], j: u32, h: u16) {
+    let shift = 16 * (j & 1);
+    let keep = !(0xffff << shift);
+    for k in 0..NV {
+        for w in 0..4 {
+            let new = (v[k].0[w] & keep) | (u32::from(h) << shift);
+            v[k].0[w] = if (4 * k + w) as u32 == j >> 1 {
+                new
+            } else {
+                v[k].0[w]
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_half_replaces_one_half() {
+        for j in 0..24u32 {
+            let mut v = [V8([0; 4]); 3];
+            for (n, w) in v.iter_mut().flat_map(|v| v.0.iter_mut()).enumerate() {
+                *w = 0x0101_0101 * n as u32;
+            }
+            let before = v;
+            set_half(&mut v, j, 0xabcd);
+            for k in 0..3 {
+                for w in 0..4 {
+                    let b = before[k].0[w];
+                    let want = if (4 * k + w) as u32 == j / 2 {
+                        if j % 2 == 0 {
+                            (b & 0xffff_0000) | 0xabcd
+                        } else {
+                            (b & 0xffff) | 0xabcd_0000
+                        }
+                    } else {
+                        b
+                    };
+                    assert_eq!(v[k].0[w], want, "j {j} vector {k} word {w}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn offsets_follow_the_row_layout() {
+        // Lane 3 of 8: vector k covers halves (8k + 3) * 8 ..
+        assert_eq!(offset_of::<8>(0, 3), 24);
+        assert_eq!(offset_of::<8>(7, 3), 31);
+        assert_eq!(offset_of::<8>(8, 3), 88);
+        assert_eq!(offset_of::<8>(23, 3), (2 * 8 + 3) * 8 + 7);
+    }
+}
