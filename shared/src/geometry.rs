@@ -50,10 +50,10 @@ pub const ATTN_LDS_STRIDE: u32 = 40;
 pub const ATTN_LABEL_OFFSET: u32 = 3 * ATTN_T * ATTN_LDS_STRIDE * 2 + ATTN_WAVES * 16 * ATTN_T * 2;
 /// Window attention: workgroup memory per workgroup (bytes): the q, k and
 /// v tiles of one window and head, each wave's bias strip buffer, the
-/// window's labels. 48,960 bytes: within gfx9's 64 KiB; on NVIDIA above
-/// the 48 KiB a launch takes without an opt-in (the host raises the
-/// kernel's limit when it loads the module); four workgroups per SM on
-/// sm_90.
+/// window's labels. 48,960 bytes: within gfx9's 64 KiB and within the
+/// 48 KiB an NVIDIA launch takes without an opt-in (the host still sets
+/// the kernel's limit to this when it loads the module); four workgroups
+/// per SM on sm_90.
 pub const ATTN_SHARED_BYTES: u32 = ATTN_LABEL_OFFSET + ATTN_T * 4;
 const _: () = assert!(ATTN_SHARED_BYTES <= 64 * 1024 && ATTN_LABEL_OFFSET.is_multiple_of(16));
 /// Window attention: workgroups per SM the NVIDIA build's register budget
