@@ -28,6 +28,11 @@ pub const VEC_HALVES: usize = 8;
 /// Threads per workgroup for the row kernels (8 warps on NVIDIA, 4 waves on gfx9).
 pub const ROW_BLOCK: u32 = 256;
 
+/// Affine LayerNorm entries launched in [`ROW_BLOCK`]-thread workgroups:
+/// workgroups per SM the NVIDIA build's register budget is set for (PTX
+/// `.minnctapersm`, written by `cargo xtask kernels`): 64 registers.
+pub const LN_AFFINE_MIN_BLOCKS_SM: u32 = 4;
+
 /// Lane layout of one row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowLayout {

@@ -15,5 +15,5 @@ pub mod target;
 pub mod window;
 
 pub use index::PAD;
-pub use layout::{AddLnShape, ROW_BLOCK, RowLayout, VEC_HALVES};
+pub use layout::{AddLnShape, LN_AFFINE_MIN_BLOCKS_SM, ROW_BLOCK, RowLayout, VEC_HALVES};
 pub use target::Target;

@@ -45,12 +45,37 @@ pub const KERNEL_FLAGS: &[&str] = &["-Cllvm-args=-unroll-threshold=1000"];
 /// ptxas must fit). rustc has no way to attach NVVM launch bounds, so they
 /// are written after the entry's parameter list. The window attention
 /// without bounds took 176 registers (3 workgroups per SM); with 4 it was
-/// 1.5x faster on the H200 (BENCHMARKS.md).
-pub const PTX_LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[(
-    "wf_window_attention_",
-    wavefuse_shared::geometry::ATTN_WAVES * 32,
-    wavefuse_shared::geometry::ATTN_MIN_BLOCKS_SM,
-)];
+/// 1.5x faster on the H200 (BENCHMARKS.md). The affine LayerNorm entries of
+/// `ROW_BLOCK` threads took 64-68 registers with their refinement tiers;
+/// held to 64 (4 workgroups per SM) they were 3-7% faster (BENCHMARKS.md,
+/// ninth session).
+pub const PTX_LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
+    (
+        "wf_window_attention_",
+        wavefuse_shared::geometry::ATTN_WAVES * 32,
+        wavefuse_shared::geometry::ATTN_MIN_BLOCKS_SM,
+    ),
+    (
+        "wf_layer_norm_affine_",
+        wavefuse_shared::ROW_BLOCK,
+        wavefuse_shared::LN_AFFINE_MIN_BLOCKS_SM,
+    ),
+    (
+        "wf_layer_norm_gather_affine_",
+        wavefuse_shared::ROW_BLOCK,
+        wavefuse_shared::LN_AFFINE_MIN_BLOCKS_SM,
+    ),
+    (
+        "wf_add_layer_norm_gather_affine_",
+        wavefuse_shared::ROW_BLOCK,
+        wavefuse_shared::LN_AFFINE_MIN_BLOCKS_SM,
+    ),
+    (
+        "wf_add_layer_norm_affine_768",
+        wavefuse_shared::ROW_BLOCK,
+        wavefuse_shared::LN_AFFINE_MIN_BLOCKS_SM,
+    ),
+];
 
 /// `ptx` with [`PTX_LAUNCH_BOUNDS`] applied to every matching entry point;
 /// an error when a listed prefix matches no entry.
@@ -206,18 +231,34 @@ pub fn cargo_args() -> Vec<String> {
 mod tests {
     use super::*;
 
-    const PTX: &str = ".version 7.8\n.visible .entry wf_window_attention_mask_144(\n\t.param .u64 a,\n\t.param .f32 b\n)\n{\n\tret;\n}\n.visible .entry wf_gather_192(\n\t.param .u64 a\n)\n{\n\tret;\n}\n";
+    /// A PTX module with one entry per bounded prefix (each with two
+    /// parameters) and one entry without bounds.
+    fn ptx() -> String {
+        let mut p = String::from(".version 7.8\n");
+        for (n, (prefix, ..)) in PTX_LAUNCH_BOUNDS.iter().enumerate() {
+            p += &format!(
+                ".visible .entry {prefix}x{n}(\n\t.param .u64 a,\n\t.param .f32 b\n)\n{{\n\tret;\n}}\n"
+            );
+        }
+        p + ".visible .entry wf_gather_192(\n\t.param .u64 a\n)\n{\n\tret;\n}\n"
+    }
 
     #[test]
     fn bounds_follow_the_matching_parameter_lists_only() {
-        let out = launch_bounds(PTX).expect("bounds");
-        let (t, b) = (PTX_LAUNCH_BOUNDS[0].1, PTX_LAUNCH_BOUNDS[0].2);
-        let want = PTX.replacen(
-            "\t.param .f32 b\n)\n",
-            &format!("\t.param .f32 b\n)\n.maxntid {t}, 1, 1\n.minnctapersm {b}\n"),
-            1,
-        );
+        let ptx = ptx();
+        let out = launch_bounds(&ptx).expect("bounds");
+        let mut want = String::new();
+        let mut rest = ptx.as_str();
+        for (prefix, t, b) in PTX_LAUNCH_BOUNDS {
+            let at = rest.find(prefix).expect("entry");
+            let close = at + rest[at..].find("\n)\n").expect("params") + 3;
+            want += &rest[..close];
+            want += &format!(".maxntid {t}, 1, 1\n.minnctapersm {b}\n");
+            rest = &rest[close..];
+        }
+        want += rest;
         assert_eq!(out, want);
+        assert!(out.ends_with("wf_gather_192(\n\t.param .u64 a\n)\n{\n\tret;\n}\n"));
     }
 
     #[test]

@@ -14,6 +14,8 @@ unsafe extern "C" {
     fn amdgcn_sched_barrier(mask: i32);
     #[link_name = "llvm.amdgcn.wave.barrier"]
     fn amdgcn_wave_barrier();
+    #[link_name = "llvm.amdgcn.ballot.i64"]
+    fn amdgcn_ballot(p: bool) -> u64;
 }
 
 #[inline(always)]
@@ -58,6 +60,13 @@ pub fn shfl_xor_u32(v: u32, mask: u32) -> u32 {
     // SAFETY: every lane of the wave executes this (facade contract), so the
     // source lane is active.
     unsafe { a::ds_bpermute(src, v) }
+}
+
+#[inline(always)]
+pub fn wave_any(p: bool) -> bool {
+    // SAFETY: the whole wave reaches it (facade contract); the ballot of
+    // the active lanes is a scalar register.
+    unsafe { amdgcn_ballot(p) != 0 }
 }
 
 #[inline(always)]

@@ -36,6 +36,19 @@ pub fn shfl_xor_u32(v: u32, mask: u32) -> u32 {
 }
 
 #[inline(always)]
+pub fn wave_any(p: bool) -> bool {
+    // A butterfly OR over the emulated wave: a partial wave is reported
+    // by the exchanges as by any collective.
+    let mut v = u32::from(p);
+    let mut mask = 1;
+    while mask < wave_size() {
+        v |= shfl_xor_u32(v, mask);
+        mask <<= 1;
+    }
+    v != 0
+}
+
+#[inline(always)]
 pub fn shfl_idx_u32(v: u32, src: u32) -> u32 {
     emu::collective(emu::Op::ShflIdx { value: v, src })
 }

@@ -116,18 +116,12 @@ pub fn group_sum_n<const LANES: u32, const N: usize>(mut v: [f32; N]) -> [f32; N
     v
 }
 
-/// Whether `p` holds on any lane of the wave (every lane gets the answer):
-/// a butterfly OR over the wave's lanes, so a branch on it is uniform and
-/// may contain collectives.
+/// Whether `p` holds on any lane of the wave (every lane gets the answer),
+/// so a branch on it is uniform and may contain collectives: NVIDIA
+/// `vote.sync.any`, AMD a ballot, the emulator a butterfly OR.
 #[inline(always)]
 pub fn wave_any(p: bool) -> bool {
-    let mut v = u32::from(p);
-    let mut mask = 1;
-    while mask < wave_size() {
-        v |= shfl_xor_u32(v, mask);
-        mask <<= 1;
-    }
-    v != 0
+    imp::wave_any(p)
 }
 
 /// Max over aligned groups of `LANES` consecutive lanes (see [`group_sum`]).

@@ -11,6 +11,8 @@ unsafe extern "C" {
     fn shfl_sync_idx_i32(member_mask: u32, v: u32, src_lane: u32, clamp: u32) -> u32;
     #[link_name = "llvm.nvvm.bar.warp.sync"]
     fn bar_warp_sync(member_mask: u32);
+    #[link_name = "llvm.nvvm.vote.any.sync"]
+    fn vote_any_sync(member_mask: u32, pred: bool) -> bool;
     // `core::intrinsics::exp2f32` lowers to `ex2.approx.f32`, whose
     // subnormal handling costs four extra instructions per call; the
     // throughput-bound kernels use the flush-to-zero form directly.
@@ -66,6 +68,12 @@ pub fn shfl_xor_u32(v: u32, mask: u32) -> u32 {
     // SAFETY: the full member mask is right because whole warps reach every
     // collective (facade contract); clamp 0x1f = whole-warp segment.
     unsafe { shfl_sync_bfly_i32(u32::MAX, v, mask, 0x1f) }
+}
+
+#[inline(always)]
+pub fn wave_any(p: bool) -> bool {
+    // SAFETY: as for `shfl_xor_u32`: the whole warp reaches it.
+    unsafe { vote_any_sync(u32::MAX, p) }
 }
 
 #[inline(always)]

@@ -11,11 +11,11 @@
 //! Layout: [`wavefuse_shared::RowLayout`] (a group of `L` lanes per row,
 //! three 16-byte vectors per lane). Rows past the end are predicated off,
 //! never returned early from: their lanes still join the group reductions.
-use super::ln_affine::{exact, exact_factor, needs_care, refine};
+use super::ln_affine::{care_bits, exact, exact_factor, fast_stats, needs_care, refine};
 use super::ln_stats::{RowSums, Stats, moments};
 use crate::gpu;
 use crate::math;
-use crate::vec::{V8, load8, pack8, store8, store8_bits};
+use crate::vec::{load8, store8};
 use wavefuse_shared::ROW_BLOCK;
 
 /// This lane's index in its row group and the group's row: groups of `L`
@@ -88,10 +88,10 @@ pub struct RowIo {
 ///
 /// Every lane of the wave must call it (with `AFFINE`, a wave vote and
 /// possibly group reductions); `io.active` says which lanes store.
+/// `io.x` and `io.y` must not overlap (the host checks it).
 ///
 /// # Safety
-/// Where `io.active`, `io.x`/`io.y` valid for `W` halves (and `io.x`
-/// unchanged until this returns); `gamma`/`beta` valid for `W` halves when
+/// Where `io.active`, `io.x`/`io.y` valid for `W` halves, not overlapping; `gamma`/`beta` valid for `W` halves when
 /// `AFFINE`; all 16-byte aligned; `lane < L`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
@@ -121,36 +121,40 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
         }
         return;
     }
-    // Outputs are held packed until every tier has run: tiers 2 and 3
-    // reload `x`, which may be `y` (in place). Tier 2 runs after the fast
-    // loop, when `t` is dead: inside it, its f64 work raised the register
-    // count by ten.
+    // The fast outputs are stored at once (`x` and `y` never overlap, so
+    // the tiers' reloads of `x` still see the inputs); tiers 2 and 3 then
+    // overwrite the few outputs they redo, one half at a time, in program
+    // order after the vector store of the same thread. Holding the
+    // outputs until a wave vote had decided cost about 12% on the H200
+    // (BENCHMARKS.md, ninth session).
     const { assert!(NV <= 4) };
-    let mut out = [V8([0; 4]); NV];
-    let mut care = 0u32;
+    let (st, kf) = fast_stats::<W>(st, sums, eps);
+    let mut care = false;
     if io.active {
         // Unrolled by hand: with the rare paths' loops over set bits LLVM
-        // left these loops rolled, and `t` and `out` went to local memory.
+        // left this loop rolled, and `t` went to local memory.
         crate::unroll!(k in [0, 1, 2, 3] {
             if k < NV && in_row::<W, L, NV>(k, lane) {
                 // SAFETY: col + 8 <= W.
                 let (g, b) = unsafe { (load8(gamma.add(col(k))), load8(beta.add(col(k)))) };
                 let mut z = [0.0f32; 8];
-                let mut bits = 0u32;
                 for i in 0..8 {
                     let o = math::fma(t[k][i], st.rstd, st.shift);
                     z[i] = math::fma(o, g[i], b[i]);
-                    bits |= u32::from(needs_care(o, g[i], z[i])) << i;
+                    care |= needs_care(o, g[i], z[i], kf);
                 }
-                out[k] = pack8(z);
-                care |= bits << (8 * k);
+                // SAFETY: col + 8 <= W.
+                unsafe { store8(io.y.add(col(k)), z) };
             }
         });
     }
-    let hard = if care != 0 {
-        // SAFETY: bits are set only for active lanes' outputs inside the
-        // row.
-        unsafe { refine::<W, L, NV>(&mut out, care, io.x, gamma, beta, lane, sums, st.rstd, eps) }
+    let hard = if care {
+        // SAFETY: care is set only on active lanes; their outputs lie
+        // inside the row.
+        unsafe {
+            let bits = care_bits::<W, L, NV>(io, gamma, beta, lane, st, kf);
+            refine::<W, L>(bits, io, gamma, beta, lane, sums, st.rstd, eps)
+        }
     } else {
         0
     };
@@ -158,15 +162,7 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
         // SAFETY: io.x read only where active; bits as above.
         unsafe {
             let c = exact_factor::<W, L, NV>(io.x, sums.sum, st.rstd, eps, lane, io.active);
-            exact::<W, L, NV>(&mut out, hard, io.x, gamma, beta, lane, sums.sum, c);
-        }
-    }
-    if io.active {
-        for k in 0..NV {
-            if in_row::<W, L, NV>(k, lane) {
-                // SAFETY: col + 8 <= W.
-                unsafe { store8_bits(io.y.add(col(k)), out[k]) };
-            }
+            exact::<W, L>(hard, io, gamma, beta, lane, sums.sum, c);
         }
     }
 }

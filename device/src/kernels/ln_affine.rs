@@ -45,20 +45,59 @@
 //! 1 (the filter is false on NaN): their outputs are NaN as before.
 use crate::gpu;
 use crate::math;
-use crate::vec::{V8, load8};
+use crate::vec::load8;
 
-use super::layer_norm::in_row;
-use super::ln_stats::RowSums;
+use super::layer_norm::{RowIo, in_row};
+use super::ln_stats::{RowSums, Stats};
 
-/// Tier 1's constants: `2^-7.78` and `2^-16.48` rounded up by 6% and 10%.
+/// Tier 1's constants for the fast path's own `rstd` (module docs):
+/// `2^-7.78` and `2^-16.48` rounded up by 6% and 10%.
 const K1: f32 = 4.82e-3;
 const K2: f32 = 1.2e-5;
+/// Tier 1's constants with the row-precise `rstd` ([`fast_stats`]):
+/// `2^-9.87` and `2^-23.7` rounded up by 5% and 10%.
+const K1_PRECISE: f32 = 1.12e-3;
+const K2_PRECISE: f32 = 8e-8;
+/// Rows up to this `K` get the row-precise `rstd` in tier 1.
+const K_FAST: f64 = 1048576.0;
 
 /// Tier 1: whether `z = fma(o_hat, g, b)` may be more than half an ulp16
-/// from `o g + b` (module docs). False on NaN.
+/// from `o g + b` (module docs), with the row's filter constants `k`
+/// from [`fast_stats`]. False on NaN.
 #[inline(always)]
-pub fn needs_care(o_hat: f32, g: f32, z: f32) -> bool {
-    math::abs(g) * math::fma(math::abs(o_hat), K1, K2) > math::abs(z)
+pub fn needs_care(o_hat: f32, g: f32, z: f32, k: [f32; 2]) -> bool {
+    math::abs(g) * math::fma(math::abs(o_hat), k[0], k[1]) > math::abs(z)
+}
+
+/// Tier 1's statistics and filter constants for one row: where the
+/// one-pass f64 variance is precise enough (`K <= 2^20`: relative error
+/// below `2^-28`), `rstd` is that variance's, rounded once to f32, and
+/// `o_hat` is within `3.1 u |o| + 2^-36.2` of `o` (module docs), four
+/// times tighter than with the fast path's f32 variance: the filter
+/// flags a quarter as many outputs. Other rows keep the fast path's
+/// statistics and constants.
+#[inline(always)]
+pub fn fast_stats<const W: usize>(st: Stats, sums: RowSums, eps: f32) -> (Stats, [f32; 2]) {
+    let inv_w = 1.0 / W as f64;
+    let mu = sums.sum * inv_w;
+    let m2 = sums.sq * inv_w;
+    let v = (m2 - mu * mu) + f64::from(eps);
+    let r = rsqrt_newton(st.rstd, v);
+    let k = m2 * r * r;
+    let conv = gpu::fma_f64(v * r, r, -1.0);
+    if abs64(conv) <= CONVERGED && k <= K_FAST {
+        let rstd = r as f32;
+        (
+            Stats {
+                rstd,
+                shift: -st.mean.lo * rstd,
+                mean: st.mean,
+            },
+            [K1_PRECISE, K2_PRECISE],
+        )
+    } else {
+        (st, [K1, K2])
+    }
 }
 
 /// Tier 2's thresholds (module docs), rounded in the safe direction:
@@ -117,7 +156,7 @@ impl Precise {
     }
 }
 
-/// The halves at `p + i` of an input row and of gamma and beta, as f32.
+/// The halves at offset `i` of an input row and of gamma and beta, as f32.
 ///
 /// # Safety
 /// All three valid at `i`.
@@ -141,21 +180,54 @@ fn offset_of<const L: u32>(j: u32, lane: usize) -> usize {
     ((j / 8) as usize * L as usize + lane) * 8 + (j % 8) as usize
 }
 
-/// Tier 2 for the lane's outputs `bits` (bit `j`: vector `j / 8`, half
-/// `j % 8`) of its packed fast outputs `out`, in the row whose inputs and
-/// affine parameters start at `x`, `g`, `b`: each takes tier 2's value
-/// where its bound holds and is otherwise left to tier 3; returns those.
-/// One output at a time through a loop over the set bits, with scalar
-/// reloads (L1): the rare path stays within the fast path's registers.
+/// Tier 1 again for the lane's outputs of one row, from its reloaded
+/// inputs (L1): the same operations as the fast loop, so the same bits,
+/// one per output (`8 k + i`: vector step `k`, half `i`) that
+/// [`needs_care`]. The fast loop only ORs the tests into one predicate
+/// (one instruction per output instead of three).
 ///
 /// # Safety
-/// `x`, `g`, `b` valid for the row's `W` halves.
+/// `io.x`, `g`, `b` valid for the row's `W` halves.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub unsafe fn care_bits<const W: usize, const L: u32, const NV: usize>(
+    io: RowIo,
+    g: *const u16,
+    b: *const u16,
+    lane: usize,
+    st: Stats,
+    k: [f32; 2],
+) -> u32 {
+    let mut bits = 0u32;
+    for s in 0..NV {
+        if in_row::<W, L, NV>(s, lane) {
+            let col = (s * L as usize + lane) * 8;
+            // SAFETY: the vector lies inside the row (caller contract).
+            let (x, g, b) = unsafe { (load8(io.x.add(col)), load8(g.add(col)), load8(b.add(col))) };
+            for i in 0..8 {
+                let o = math::fma(x[i] - st.mean.hi, st.rstd, st.shift);
+                let z = math::fma(o, g[i], b[i]);
+                bits |= u32::from(needs_care(o, g[i], z, k)) << (8 * s + i);
+            }
+        }
+    }
+    bits
+}
+
+/// Tier 2 for the lane's outputs `bits` (bit `j`: vector `j / 8`, half
+/// `j % 8`) of the row `io`, whose fast outputs are already stored: each
+/// one whose tier-2 bound holds is overwritten with tier 2's value, the
+/// others are left to tier 3 and returned. One output at a time through a
+/// loop over the set bits, with scalar reloads (L1) and stores: the rare
+/// path stays within the fast path's registers.
+///
+/// # Safety
+/// `io.x`, `io.y`, `g`, `b` valid for the row's `W` halves.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn refine<const W: usize, const L: u32, const NV: usize>(
-    out: &mut [V8; NV],
+pub unsafe fn refine<const W: usize, const L: u32>(
     mut bits: u32,
-    x: *const u16,
+    io: RowIo,
     g: *const u16,
     b: *const u16,
     lane: usize,
@@ -168,14 +240,16 @@ pub unsafe fn refine<const W: usize, const L: u32, const NV: usize>(
     while bits != 0 {
         let j = bits.trailing_zeros();
         bits &= bits - 1;
+        let at = offset_of::<L>(j, lane);
         // SAFETY: the output lies inside the row (caller contract).
-        let [x, g, b] = unsafe { inputs_at(x, g, b, offset_of::<L>(j, lane)) };
+        let [x, g, b] = unsafe { inputs_at(io.x, g, b, at) };
         let d = W as f64 * f64::from(x) - sums.sum;
         let go = d * p.c * f64::from(g);
         let y = go + f64::from(b);
         let ea = abs64(go) * p.err;
         if p.valid && (ea <= REL * abs64(y) || (ea <= ABS && abs64(y) <= SMALL)) {
-            set_half(out, j, gpu::f2h(y as f32));
+            // SAFETY: as for the loads.
+            unsafe { io.y.add(at).write(gpu::f2h(y as f32)) };
         } else {
             hard |= 1 << j;
         }
@@ -222,13 +296,12 @@ pub unsafe fn exact_factor<const W: usize, const L: u32, const NV: usize>(
 /// [`exact_factor`].
 ///
 /// # Safety
-/// `x`, `g`, `b` valid for the row's `W` halves.
+/// As for [`refine`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn exact<const W: usize, const L: u32, const NV: usize>(
-    out: &mut [V8; NV],
+pub unsafe fn exact<const W: usize, const L: u32>(
     mut bits: u32,
-    x: *const u16,
+    io: RowIo,
     g: *const u16,
     b: *const u16,
     lane: usize,
@@ -238,63 +311,19 @@ pub unsafe fn exact<const W: usize, const L: u32, const NV: usize>(
     while bits != 0 {
         let j = bits.trailing_zeros();
         bits &= bits - 1;
+        let at = offset_of::<L>(j, lane);
         // SAFETY: the output lies inside the row (caller contract).
-        let [x, g, b] = unsafe { inputs_at(x, g, b, offset_of::<L>(j, lane)) };
+        let [x, g, b] = unsafe { inputs_at(io.x, g, b, at) };
         let d = W as f64 * f64::from(x) - sum;
         let y = d * c * f64::from(g) + f64::from(b);
-        set_half(out, j, gpu::f2h(y as f32));
-    }
-}
-
-/// Replaces half `j` (< 8 NV) of `v` by `h`: selects over every word, so
-/// `v` stays in registers under a variable `j`.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)]
-fn set_half<const NV: usize>(v: &mut [V8; NV], j: u32, h: u16) {
-    let shift = 16 * (j & 1);
-    let keep = !(0xffff << shift);
-    for k in 0..NV {
-        for w in 0..4 {
-            let new = (v[k].0[w] & keep) | (u32::from(h) << shift);
-            v[k].0[w] = if (4 * k + w) as u32 == j >> 1 {
-                new
-            } else {
-                v[k].0[w]
-            };
-        }
+        // SAFETY: as for the loads.
+        unsafe { io.y.add(at).write(gpu::f2h(y as f32)) };
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn set_half_replaces_one_half() {
-        for j in 0..24u32 {
-            let mut v = [V8([0; 4]); 3];
-            for (n, w) in v.iter_mut().flat_map(|v| v.0.iter_mut()).enumerate() {
-                *w = 0x0101_0101 * n as u32;
-            }
-            let before = v;
-            set_half(&mut v, j, 0xabcd);
-            for k in 0..3 {
-                for w in 0..4 {
-                    let b = before[k].0[w];
-                    let want = if (4 * k + w) as u32 == j / 2 {
-                        if j % 2 == 0 {
-                            (b & 0xffff_0000) | 0xabcd
-                        } else {
-                            (b & 0xffff) | 0xabcd_0000
-                        }
-                    } else {
-                        b
-                    };
-                    assert_eq!(v[k].0[w], want, "j {j} vector {k} word {w}");
-                }
-            }
-        }
-    }
 
     #[test]
     fn offsets_follow_the_row_layout() {

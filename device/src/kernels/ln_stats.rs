@@ -242,6 +242,9 @@ pub struct Stats {
     pub rstd: f32,
     /// `-lo * rstd`.
     pub shift: f32,
+    /// The mean's parts ([`Mean`]): the affine refinement recomputes the
+    /// offsets and refines `rstd` from them.
+    pub mean: Mean,
 }
 
 /// The row's [`Stats`] from `q = sum t^2` and the mean: the biased variance
@@ -256,6 +259,7 @@ pub fn stats_of<const W: usize>(q: f32, m: Mean, eps: f32) -> Stats {
     Stats {
         rstd,
         shift: -m.lo * rstd,
+        mean: m,
     }
 }
 
