@@ -250,6 +250,11 @@ enum Form {
     Nt,
     /// `to_a(A * I) * B`: the accumulator reused as a left operand.
     Reuse,
+    /// `A * B` in quad order (`load_b_t_quads` of `B^T`).
+    QuadsNt,
+    /// `to_a(A * I) * B` with `A * I` in quad order (`load_b_t_quads` of
+    /// `I`) and `B` read to match it (`load_b_quads`).
+    QuadsReuse,
 }
 
 struct Facade {
@@ -273,7 +278,7 @@ impl MatrixKernel for Facade {
                     unsafe {
                         m.add(i * S + k).write((*a.add(i * 16 + k)).to_bits());
                         let bt = match self.form {
-                            Form::Nt => *b.add(k * 16 + i),
+                            Form::Nt | Form::QuadsNt => *b.add(k * 16 + i),
                             _ => *b.add(i * 16 + k),
                         };
                         m.add(16 * S + i * S + k).write(bt.to_bits());
@@ -294,12 +299,27 @@ impl MatrixKernel for Facade {
                     let c = M::mma(a, M::load_b(m.add(32 * S), S), M::zero());
                     M::mma(M::to_a(c), M::load_b(m.add(16 * S), S), M::zero())
                 }
+                Form::QuadsNt => M::mma(a, M::load_b_t_quads(m.add(16 * S), S), M::zero()),
+                Form::QuadsReuse => {
+                    let c = M::mma(a, M::load_b_t_quads(m.add(32 * S), S), M::zero());
+                    M::mma(M::to_a(c), M::load_b_quads(m.add(16 * S), S), M::zero())
+                }
             }
         };
+        let quads = matches!(self.form, Form::QuadsNt);
+        assert_eq!(M::quad_col() % 4, 0);
         for e in 0..M::ACC_LEN {
-            let (i, j) = (M::acc_row(e), M::acc_col(e));
+            let i = M::acc_row(e);
+            let j = if quads {
+                M::quad_col() + M::quad_pos(e) as u32
+            } else {
+                M::acc_col(e)
+            };
+            if quads && e % 2 == 1 {
+                assert_eq!(M::quad_pos(e), M::quad_pos(e - 1) + 1, "pairs are adjacent");
+            }
             assert_eq!(i, M::slot_row(M::acc_slot(e)));
-            if e % 2 == 1 {
+            if e % 2 == 1 && !quads {
                 assert_eq!(j, M::acc_col(e - 1) + 1, "pairs are adjacent columns");
             }
             // SAFETY: a 16x16 output; each element written by one lane.
@@ -331,7 +351,13 @@ fn facade_product(wave: u32, form: Form, seed: u64) -> (Vec<f32>, Vec<f32>) {
 #[test]
 fn facade_products_match_in_both_wave_modes() {
     for wave in [32, 64] {
-        for (form, name) in [(Form::Nn, "nn"), (Form::Nt, "nt"), (Form::Reuse, "reuse")] {
+        for (form, name) in [
+            (Form::Nn, "nn"),
+            (Form::Nt, "nt"),
+            (Form::Reuse, "reuse"),
+            (Form::QuadsNt, "quads nt"),
+            (Form::QuadsReuse, "quads reuse"),
+        ] {
             for seed in [11, 12, 13] {
                 let (got, want) = facade_product(wave, form, seed);
                 assert_eq!(got, want, "wave{wave} {name} seed {seed}");

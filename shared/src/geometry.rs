@@ -44,21 +44,16 @@ pub const ATTN_WAVES: u32 = 3;
 /// (halves): 32 + 8 of padding, so the eight 16-byte rows one `ldmatrix`
 /// phase reads (80 bytes apart) fall in distinct bank groups.
 pub const ATTN_LDS_STRIDE: u32 = 40;
-/// Window attention: row stride of a wave's bias strip buffer (halves):
-/// 144 + 8, so the eight rows a quad-row of lanes reads (304 bytes apart)
-/// fall in distinct bank groups.
-pub const ATTN_BIAS_STRIDE: u32 = 152;
 /// Window attention: byte offset of the window's 144 region labels (i32)
-/// in workgroup memory, after the q, k and v tiles and each wave's 16-row
-/// bias strip buffer.
-pub const ATTN_LABEL_OFFSET: u32 =
-    3 * ATTN_T * ATTN_LDS_STRIDE * 2 + ATTN_WAVES * 16 * ATTN_BIAS_STRIDE * 2;
+/// in workgroup memory, after the q, k and v tiles and each wave's bias
+/// strip buffer (16 rows of 144 halves, unpadded).
+pub const ATTN_LABEL_OFFSET: u32 = 3 * ATTN_T * ATTN_LDS_STRIDE * 2 + ATTN_WAVES * 16 * ATTN_T * 2;
 /// Window attention: workgroup memory per workgroup (bytes): the q, k and
 /// v tiles of one window and head, each wave's bias strip buffer, the
-/// window's labels. 49,728 bytes: within gfx9's 64 KiB; on NVIDIA above
-/// the 48 KiB a launch takes without an opt-in (the host raises the
-/// kernel's limit when it loads the module); four workgroups per SM on
-/// sm_90.
+/// window's labels. 48,960 bytes: within gfx9's 64 KiB and within the
+/// 48 KiB an NVIDIA launch takes without an opt-in (the host still sets
+/// the kernel's limit to this when it loads the module); four workgroups
+/// per SM on sm_90.
 pub const ATTN_SHARED_BYTES: u32 = ATTN_LABEL_OFFSET + ATTN_T * 4;
 const _: () = assert!(ATTN_SHARED_BYTES <= 64 * 1024 && ATTN_LABEL_OFFSET.is_multiple_of(16));
 /// Window attention: workgroups per SM the NVIDIA build's register budget

@@ -195,25 +195,16 @@ pub fn widen2(w: u32) -> [f32; 2] {
     }
 }
 
-/// An `ldmatrix` result (four `.b16x2` registers).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct U4(u32, u32, u32, u32);
-
 /// An `mma` accumulator (four `.f32`).
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct F4(f32, f32, f32, f32);
 
-// The declarations `../shared/TOOLCHAIN.md` records as compiling with the
-// pinned nightly (SASS: LDSM.16.M88.4, LDSM.16.MT88.4, HMMA.16816.F32).
-// The intrinsics are convergent in LLVM, which inline assembly cannot be.
+// The declaration `../shared/TOOLCHAIN.md` records as compiling with the
+// pinned nightly (SASS: HMMA.16816.F32). The intrinsic is convergent in
+// LLVM, which inline assembly cannot be.
 #[allow(improper_ctypes)]
 unsafe extern "unadjusted" {
-    #[link_name = "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16"]
-    fn ldmatrix_x4_b16(p: *const u16) -> U4;
-    #[link_name = "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b16"]
-    fn ldmatrix_x4_trans_b16(p: *const u16) -> U4;
     // `.f32.f32`: D and C types; A and B are f16.
     #[link_name = "llvm.nvvm.mma.m16n8k16.row.col.f32.f32"]
     fn mma_m16n8k16_f32(
@@ -230,19 +221,77 @@ unsafe extern "unadjusted" {
     ) -> F4;
 }
 
+/// The 32-bit shared-window address of `p`, which points into workgroup
+/// memory: its distance from the launch-sized workgroup memory (exact
+/// modulo 2^32, both lie in the shared window) plus that memory's shared
+/// address (`cvta.to.shared`). LLVM folds the truncated distance of a
+/// pointer derived from [`workgroup_mem`] to 32-bit offset arithmetic, so
+/// an `ldmatrix` address becomes one register plus an immediate; through
+/// the generic form each address was a 64-bit add, moves and a
+/// generic-to-shared conversion (about 230 of the window attention's 1,040
+/// instructions per strip in the SASS of one build).
+#[inline(always)]
+fn shared_addr(p: *const u16) -> u32 {
+    let g = workgroup_mem::<u16>();
+    let s: u32;
+    // SAFETY: address arithmetic on registers only.
+    unsafe {
+        core::arch::asm!(
+            "{{",
+            ".reg .b64 t;",
+            "cvta.to.shared.u64 t, {g};",
+            "cvt.u32.u64 {s}, t;",
+            "}}",
+            g = in(reg64) g,
+            s = out(reg32) s,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    (p as usize as u32)
+        .wrapping_sub(g as usize as u32)
+        .wrapping_add(s)
+}
+
+// `ldmatrix` through inline PTX on a shared-window address (the NVVM
+// intrinsic takes a generic pointer only). LLVM does not treat inline
+// assembly as convergent, so, as for every collective of the facade, the
+// caller keeps the whole warp present (`../shared/TOOLCHAIN.md`'s asm
+// route); `mma` stays the convergent intrinsic.
 #[inline(always)]
 pub unsafe fn ldmatrix_x4(p: *const u16) -> [u32; 4] {
+    let (r0, r1, r2, r3): (u32, u32, u32, u32);
     // SAFETY: caller contract (workgroup memory, 16-byte aligned rows, the
-    // whole warp).
-    let r = unsafe { ldmatrix_x4_b16(p) };
-    [r.0, r.1, r.2, r.3]
+    // whole warp); the asm reads only workgroup memory.
+    unsafe {
+        core::arch::asm!(
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{r0}, {r1}, {r2}, {r3}}}, [{a}];",
+            a = in(reg32) shared_addr(p),
+            r0 = out(reg32) r0,
+            r1 = out(reg32) r1,
+            r2 = out(reg32) r2,
+            r3 = out(reg32) r3,
+            options(readonly, nostack, preserves_flags)
+        );
+    }
+    [r0, r1, r2, r3]
 }
 
 #[inline(always)]
 pub unsafe fn ldmatrix_x4_trans(p: *const u16) -> [u32; 4] {
-    // SAFETY: as above.
-    let r = unsafe { ldmatrix_x4_trans_b16(p) };
-    [r.0, r.1, r.2, r.3]
+    let (r0, r1, r2, r3): (u32, u32, u32, u32);
+    // SAFETY: as for `ldmatrix_x4`.
+    unsafe {
+        core::arch::asm!(
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{r0}, {r1}, {r2}, {r3}}}, [{a}];",
+            a = in(reg32) shared_addr(p),
+            r0 = out(reg32) r0,
+            r1 = out(reg32) r1,
+            r2 = out(reg32) r2,
+            r3 = out(reg32) r3,
+            options(readonly, nostack, preserves_flags)
+        );
+    }
+    [r0, r1, r2, r3]
 }
 
 #[inline(always)]

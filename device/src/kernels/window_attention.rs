@@ -18,15 +18,17 @@
 //! Numerics, per (window, head), query row `i`, key `j`:
 //! - `s = sum_d q_d k_d`: f16 products, f32 accumulation by the matrix
 //!   unit (q is not pre-scaled or rounded);
-//! - `z = fma(s, scale, mask_ij) + bias_ij` in f32 (without a mask
-//!   `z = fma(s, scale, bias_ij)`): the mask first, as in
-//!   [`super::bias_mask_add`], and `s * scale + mask` rounded once (a
-//!   window whose labels are all equal computes `fma(s, scale, 0) + bias`
-//!   without reading them: the same bits);
+//! - `z = fma(s, scale, bias_ij) + mask_ij` in f32: `s * scale + bias`
+//!   rounded once, then the mask added (0 or -100, a second rounding only
+//!   where it is -100; the order of Pangu's and Swin's code), so a window
+//!   without a mask, or whose labels are all equal (detected, and the
+//!   labels then not read), computes exactly `fma(s, scale, bias)`;
 //! - `m = max_j z` (f32, exact);
 //! - `e = 2^(fma(z, log2 e, -(m * log2 e)))`, the hardware `exp2`
 //!   ([`gpu::exp2_approx`]), one FMA instead of a subtract and a multiply;
-//! - `sum = sum_j e` in f32 (unrounded `e`);
+//! - `sum = sum_j e` in f32 (unrounded `e`; per lane and 16-key tile a
+//!   pairwise sum of its four weights, a chain over the tiles, then over
+//!   the lanes of the row);
 //! - `p = f16(e)`: the unnormalised weights are rounded once to f16 for
 //!   `P V` on the matrix unit (f32 accumulation);
 //! - `out = f16(o * (1 / sum))`.
@@ -45,15 +47,21 @@
 //! pieces ([`gpu::copy_to_workgroup`]: `cp.async` on NVIDIA, so no
 //! registers hold them in flight), tile rows padded to [`ATTN_LDS_STRIDE`].
 //! Each wave then takes the 16-row query strips `w, w + 3, w + 6`: the
-//! strip's 16 x 144 scores stay in registers as nine 16x16 accumulators;
-//! the strip's bias rows come from a per-wave buffer in workgroup memory,
-//! copied in 16-byte pieces while the previous strip finished (read
-//! straight from L2 in the accumulator layout, pairs of halves, they kept
-//! L2 at 71% of its throughput and the kernel 13% slower on the H200); the
-//! row max and sum are reduced over the lanes of a row; the rounded
-//! weights are reused in registers as the left operand of `P V`
-//! ([`Mma::to_a`]). Nothing but q, k, v, the bias, the labels and the
-//! output touches memory outside the workgroup.
+//! strip's 16 x 144 scores stay in registers as nine 16x16 accumulators,
+//! their columns in quad order ([`Mma::load_b_t_quads`]: a lane's four
+//! elements of a row are four consecutive keys, whose bias and labels it
+//! reads from adjacent addresses: one 8-byte and one 16-byte read per
+//! tile in the sm_90 SASS, against two 4-byte reads and four label reads
+//! in the natural order); the strip's bias rows come from a per-wave
+//! buffer in workgroup memory, copied in 16-byte pieces while the previous
+//! strip finished (read straight from L2 in the accumulator layout, pairs
+//! of halves, they kept L2 at 71% of its throughput and the kernel 13%
+//! slower on the H200; read from L2 in quad order, 8 bytes a lane, the
+//! kernel waited on them: BENCHMARKS.md); the row max and sum are reduced
+//! over the lanes of a row; the rounded weights are reused in registers as
+//! the left operand of `P V` ([`Mma::to_a`]) against the v tiles read in
+//! the same quad order ([`Mma::load_b_quads`]). Nothing but q, k, v, the
+//! bias, the labels and the output touches memory outside the workgroup.
 //!
 //! On NVIDIA the entry points carry launch bounds (`cargo xtask kernels`
 //! writes `.maxntid 96` and `.minnctapersm 4` into the PTX): without them
@@ -62,8 +70,7 @@ use crate::gpu::mma::{MAX_ROWS, MatrixKernel, Mma};
 use crate::gpu::{self, pack2, widen2};
 use crate::vec::{V8, load8_bits, store8_bits};
 use wavefuse_shared::geometry::{
-    ATTN_BIAS_STRIDE, ATTN_HEAD_DIM, ATTN_LABEL_OFFSET, ATTN_LDS_STRIDE, ATTN_MASK_NEG, ATTN_T,
-    ATTN_WAVES,
+    ATTN_HEAD_DIM, ATTN_LABEL_OFFSET, ATTN_LDS_STRIDE, ATTN_MASK_NEG, ATTN_T, ATTN_WAVES,
 };
 
 const T: usize = ATTN_T as usize;
@@ -182,31 +189,6 @@ unsafe fn copy(a: &Args, lds: *mut u16, w: usize, h: usize) {
     gpu::copy_to_workgroup_wait();
 }
 
-const BS: usize = ATTN_BIAS_STRIDE as usize;
-const _: () = assert!(BS == T + 8);
-
-/// Starts copying the bias rows of query strip `strip` to this wave's
-/// buffer `buf` (16 rows of 144 halves, 16-byte pieces spread over the wave).
-///
-/// # Safety
-/// `bp` the (type, head) bias tile, `buf` 16 x BS halves of workgroup memory.
-#[inline(always)]
-unsafe fn prefetch_bias(bp: *const u16, buf: *mut u16, strip: usize) {
-    let ws = gpu::wave_size();
-    // The strip's 16 rows are 288 consecutive pieces of the tile; piece c
-    // goes to row c / 18 of the buffer, whose rows are one piece longer.
-    let src = bp.wrapping_add(16 * strip * T);
-    let mut c = gpu::thread_id() % ws;
-    while c < 16 * 18 {
-        let r = c / 18;
-        // SAFETY: piece c of the strip (row 16 strip + c / 18 < 144 of the
-        // tile) and of the buffer; 16-byte aligned (rows of 288 and 304
-        // bytes).
-        unsafe { gpu::copy_to_workgroup(buf.add(8 * (c + r) as usize), src.add(8 * c as usize)) };
-        c += ws;
-    }
-}
-
 /// Starts copying the 144 region labels (i32) at `src` to `dst`.
 ///
 /// # Safety
@@ -243,13 +225,42 @@ fn one_region(lab: *const i32) -> bool {
     differ == 0
 }
 
-/// How a strip adds the mask: none (`z = fma(s, scale, bias)`), from the
-/// labels in workgroup memory, or a window of one region (`mask = 0`
-/// everywhere: `z = fma(s, scale, 0) + bias`, the labels' result without
-/// reading them).
+/// Starts copying the bias rows of query strip `strip` to this wave's
+/// buffer `buf`: 16 rows of 144 halves, contiguous in the tile and in the
+/// buffer (4,608 bytes, 16-byte pieces spread over the wave). Unpadded
+/// rows (72 words, 8 banks apart) keep the strip's quad-order 8-byte reads
+/// free of bank conflicts by the bank arithmetic (not profiled): the 16
+/// lanes of one phase read rows `g..g + 4` at words `2t, 2t + 1` of a
+/// 16-column tile, 32 distinct banks.
+///
+/// # Safety
+/// `bp` the (type, head) bias tile, `buf` 16 x 144 halves of workgroup
+/// memory; both 16-byte aligned.
+#[inline(always)]
+unsafe fn prefetch_bias(bp: *const u16, buf: *mut u16, strip: usize) {
+    const PIECES: usize = 16 * T / 8;
+    let ws = gpu::wave_size() as usize;
+    let src = bp.wrapping_add(16 * strip * T);
+    let lane = gpu::thread_id() as usize % ws;
+    // A fixed trip count (9 pieces per lane of a warp, 4 or 5 per lane of
+    // a wave64): a bounded loop on `c` kept a compare and branch per piece.
+    for j in 0..PIECES.div_ceil(ws) {
+        let c = lane + j * ws;
+        if c < PIECES {
+            // SAFETY: piece c of the strip's rows (row 16 strip + c / 18 <
+            // 144 of the tile) and of the buffer.
+            unsafe { gpu::copy_to_workgroup(buf.add(8 * c), src.add(8 * c)) };
+        }
+        // One piece at a time on AMD, where the copy passes through
+        // registers (all pieces' loads hoisted spilled on gfx908).
+        gpu::sched_barrier();
+    }
+}
+
+/// How a strip adds the mask: none (also a window whose labels are all
+/// equal: `z + 0` is `z`), or from the labels in workgroup memory.
 const NO_MASK: u8 = 0;
 const LABELS: u8 = 1;
-const ONE_REGION: u8 = 2;
 
 /// Where a wave's strips read from: the staged q, k, v tiles, the wave's
 /// bias strip buffer, the (type, head) bias tile in global memory, the
@@ -271,7 +282,13 @@ struct Tiles {
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
 fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: usize) {
+    const L2E: f32 = core::f32::consts::LOG2_E;
     let ch = a.heads as usize * D;
+    // A lane holds four elements of each of its rows per tile, in four
+    // consecutive columns from `qc` (quad order: the k and v tiles are read
+    // with the `_quads` loads).
+    const { assert!(M::ACC_LEN / M::ROWS == 4) };
+    let qc = M::quad_col() as usize;
     let mut strip = wave;
     while strip < STRIPS {
         let r0 = 16 * strip;
@@ -294,37 +311,39 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             }
         }
         // Per 16-key tile: the scores, then z in place, and the max of each
-        // of the lane's rows.
+        // of the lane's rows (one chain: trees over the z, per tile or per
+        // strip, spilled on gfx908).
         let mut s = [M::zero(); STRIPS];
         let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
         crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
             // SAFETY: as above.
             let (k0, k1) = unsafe {
                 let p = l.k.add(16 * n * LS);
-                (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS))
+                (M::load_b_t_quads(p, LS), M::load_b_t_quads(p.add(16), LS))
             };
             s[n] = M::mma(q1, k1, M::mma(q0, k0, M::zero()));
             let acc = s[n].as_mut();
             let mut e = 0;
             while e < M::ACC_LEN {
+                let r = M::acc_slot(e);
+                // Keys j, j + 1 of the lane's row i (quad order).
                 let i = M::acc_row(e) as usize;
-                let j = 16 * n + M::acc_col(e) as usize;
+                let j = 16 * n + qc + M::quad_pos(e);
                 // SAFETY: (i, j..j + 2) lies in the buffered bias strip; j is
                 // even, so the pair is 4-byte aligned.
-                let b = widen2(unsafe { l.buf.add(i * BS + j).cast::<u32>().read() });
+                let b = widen2(unsafe { l.buf.add(i * T + j).cast::<u32>().read() });
                 for x in 0..2 {
-                    let z = match MODE {
-                        NO_MASK => gpu::fma(acc[e + x], a.scale, b[x]),
-                        ONE_REGION => gpu::fma(acc[e + x], a.scale, 0.0) + b[x],
-                        _ => {
-                            // SAFETY: j + x < 144.
-                            let lc = unsafe { l.labels.add(j + x).read() };
-                            let m = if lc == lrow[M::acc_slot(e)] { 0.0 } else { ATTN_MASK_NEG };
-                            gpu::fma(acc[e + x], a.scale, m) + b[x]
-                        }
+                    // The mask as a selected addend (adding 0 leaves z as it
+                    // is; a conditional add of -100 spilled on gfx908).
+                    let z = if MODE == LABELS {
+                        // SAFETY: j + x < 144.
+                        let lc = unsafe { l.labels.add(j + x).read() };
+                        let m = if lc == lrow[r] { 0.0 } else { ATTN_MASK_NEG };
+                        gpu::fma(acc[e + x], a.scale, b[x]) + m
+                    } else {
+                        gpu::fma(acc[e + x], a.scale, b[x])
                     };
                     acc[e + x] = z;
-                    let r = M::acc_slot(e);
                     mx[r] = mx[r].max(z);
                 }
                 e += 2;
@@ -344,17 +363,24 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
         }
         let mut neg_ml = [0.0f32; MAX_ROWS];
         for r in 0..M::ROWS {
-            neg_ml[r] = -(M::row_max(mx[r]) * core::f32::consts::LOG2_E);
+            neg_ml[r] = -(M::row_max(mx[r]) * L2E);
         }
+        // The lane's part of each row sum: per tile a pairwise sum of its
+        // four weights, then a chain over the tiles (9 dependent adds, not
+        // 36).
         let mut sum = [0.0f32; MAX_ROWS];
         let mut p = [M::to_a(M::zero()); STRIPS];
         crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
             let acc = s[n].as_mut();
+            let mut et = [[0.0f32; 4]; MAX_ROWS];
             for e in 0..M::ACC_LEN {
                 let r = M::acc_slot(e);
-                let x = gpu::exp2_approx(gpu::fma(acc[e], core::f32::consts::LOG2_E, neg_ml[r]));
+                let x = gpu::exp2_approx(gpu::fma(acc[e], L2E, neg_ml[r]));
                 acc[e] = x;
-                sum[r] += x;
+                et[r][M::quad_pos(e)] = x;
+            }
+            for r in 0..M::ROWS {
+                sum[r] += (et[r][0] + et[r][1]) + (et[r][2] + et[r][3]);
             }
             p[n] = M::to_a(s[n]);
         });
@@ -370,7 +396,7 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             // SAFETY: as for the k tiles.
             let (v0, v1) = unsafe {
                 let p = l.v.add(16 * n * LS);
-                (M::load_b(p, LS), M::load_b(p.add(16), LS))
+                (M::load_b_quads(p, LS), M::load_b_quads(p.add(16), LS))
             };
             o0 = M::mma(p[n], v0, o0);
             o1 = M::mma(p[n], v1, o1);
@@ -435,7 +461,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         // SAFETY: `lookup` trapped on types out of range.
         let bp = unsafe { a.bias.add((ty as usize * a.heads as usize + h) * T * T) };
         let wave = gpu::wave_uniform(gpu::thread_id() / gpu::wave_size()) as usize;
-        let buf = lds.wrapping_add(3 * T * LS + wave * 16 * BS);
+        let buf = lds.wrapping_add(3 * T * LS + wave * 16 * T);
         // SAFETY: the wave's buffer; its first strip.
         unsafe { prefetch_bias(bp, buf, wave) };
         gpu::barrier();
@@ -447,12 +473,10 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
             bias: bp,
             labels: lab,
         };
-        if !MASK {
-            strips::<M, NO_MASK>(&a, l, wave, w, h);
-        } else if one_region(lab) {
-            strips::<M, ONE_REGION>(&a, l, wave, w, h);
-        } else {
+        if MASK && !one_region(lab) {
             strips::<M, LABELS>(&a, l, wave, w, h);
+        } else {
+            strips::<M, NO_MASK>(&a, l, wave, w, h);
         }
     }
 }

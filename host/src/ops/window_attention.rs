@@ -22,8 +22,9 @@
 //!   PyTorch's f16 Linear output with bias);
 //! - `s = q . k` in f32 on the matrix unit (f16 products, f32
 //!   accumulation in the hardware's order); q is not pre-scaled;
-//! - `z = fma(s, scale, mask) + bias` in f32 (`fma(s, scale, bias)`
-//!   without a mask): the mask before the bias, as [`crate::bias_mask_add`];
+//! - `z = fma(s, scale, bias) + mask` in f32: the bias, then the mask,
+//!   in the order of Pangu's and Swin's code (so without a mask, or in a
+//!   window of one region, `z = fma(s, scale, bias)` exactly);
 //! - `m = max z`, `e = exp(z - m)` (the hardware `exp2` of
 //!   `fma(z, log2 e, -m log2 e)`), `sum = sum e` in f32;
 //! - `p = f16(e)` (the unnormalised weights rounded once; PyTorch's

@@ -19,12 +19,18 @@
 //! left operand ([`Mma::to_a`]: `P = softmax(S)` then `P * V` with no trip
 //! through memory). Accumulator elements `2k` and `2k + 1` always lie in
 //! one row, in adjacent columns (`acc_col(2k + 1) == acc_col(2k) + 1`,
-//! `acc_col(2k)` even), so a kernel can move them as one f16 pair.
+//! `acc_col(2k)` even), so a kernel can move them as one f16 pair. In
+//! quad order ([`Mma::load_b_t_quads`], [`Mma::load_b_quads`]) a lane's
+//! elements of a row are four consecutive columns, for one wide read of a
+//! row-major tile in the accumulator's layout.
 //!
 //! Every operation is a wave-wide collective: the whole wave must reach
-//! it (the emulator reports a partial wave). On NVIDIA the instructions
-//! are LLVM's convergent NVVM intrinsics, not inline assembly, so LLVM
-//! does not move them into divergent code either.
+//! it (the emulator reports a partial wave). On NVIDIA `mma` is LLVM's
+//! convergent NVVM intrinsic, which LLVM does not move into divergent
+//! code; `ldmatrix` is inline PTX on a 32-bit shared address (the
+//! intrinsic takes only generic pointers, whose address arithmetic cost
+//! more instructions than the loads), which LLVM does not know to be
+//! convergent: call the loads only where the whole wave is present.
 //!
 //! Arithmetic: f16 products, f32 accumulation in the hardware's order (not
 //! specified by either vendor); the emulator sums each element's products
@@ -95,6 +101,35 @@ pub trait Mma {
     /// # Safety
     /// As for [`Mma::load_a`].
     unsafe fn load_b(p: *const u16, stride: usize) -> Self::B;
+    /// First of the four consecutive tile columns that hold this lane's
+    /// elements of each of its rows in an accumulator in quad order (see
+    /// [`Mma::load_b_t_quads`]); a multiple of 4.
+    fn quad_col() -> u32;
+    /// Which of those four columns (0..4) element `e` of a quad-order
+    /// accumulator lies in: its column is `quad_col() + quad_pos(e)`.
+    /// The same on every lane, and `quad_pos(2k + 1) == quad_pos(2k) + 1`.
+    fn quad_pos(e: usize) -> usize;
+    /// [`Mma::load_b_t`] with the product's columns in quad order: in
+    /// `mma(a, load_b_t_quads(p, s), c)` element `e` of every lane holds
+    /// column `quad_col() + quad_pos(e)` of the product (row
+    /// [`Mma::acc_row`]`(e)`), so a lane's elements of one row are four
+    /// consecutive columns that it can meet with one 8-byte read (a bias
+    /// row, a label row). The columns are a permutation of the tile's,
+    /// chosen by which tile row each lane addresses (free on both
+    /// targets).
+    ///
+    /// # Safety
+    /// As for [`Mma::load_a`].
+    unsafe fn load_b_t_quads(p: *const u16, stride: usize) -> Self::B;
+    /// The right operand that multiplies [`Mma::to_a`] of a quad-order
+    /// accumulator: `mma(to_a(c), load_b_quads(p, s), d)` adds
+    /// `sum_k c[i][k] * p[k * s + j]` with `c`'s columns as
+    /// [`Mma::load_b_t_quads`] placed them (the tile's rows permuted the
+    /// same way).
+    ///
+    /// # Safety
+    /// As for [`Mma::load_a`].
+    unsafe fn load_b_quads(p: *const u16, stride: usize) -> Self::B;
     /// `c + a * b`.
     fn mma(a: Self::A, b: Self::B, c: Self::Acc) -> Self::Acc;
     /// The accumulator rounded to f16 (nearest-even) as a left operand:

@@ -45,6 +45,28 @@ fn row_addr(p: *const u16, stride: usize, rows: [u32; 4], cols: [u32; 4]) -> *co
     p.wrapping_add(r as usize * stride + c as usize)
 }
 
+/// Quad order (see [`Mma::load_b_t_quads`]): the hardware's accumulator
+/// column `c = 8h + 2t + x` (half `h`, `t = lane % 4`, `x` 0 or 1) holds
+/// tile column `4t + 2h + x`, so lane `t`'s elements of a row are columns
+/// `4t..4t + 4`. The operand loads get it by the rows they address: the
+/// lane that gives row `r` of an 8x8 matrix of 8-group `h` gives tile row
+/// `quad_row(r, h)` instead of `8h + r`.
+#[inline(always)]
+fn quad_row(r: u32, h: u32) -> u32 {
+    4 * (r >> 1) + 2 * h + (r & 1)
+}
+
+/// [`row_addr`] with the tile rows of each 8-group in quad order.
+#[inline(always)]
+fn quad_addr(p: *const u16, stride: usize, rows: [u32; 4], cols: [u32; 4]) -> *const u16 {
+    let bits = |m: [u32; 4]| m[0] | (m[1] << 1) | (m[2] << 2) | (m[3] << 3);
+    let l = lane();
+    let j = l / 8;
+    let r = quad_row(l % 8, (bits(rows) >> j) & 1);
+    let c = 8 * ((bits(cols) >> j) & 1);
+    p.wrapping_add(r as usize * stride + c as usize)
+}
+
 impl Mma for Warp32 {
     const LANES: u32 = 32;
     const ACC_LEN: usize = 8;
@@ -117,6 +139,35 @@ impl Mma for Warp32 {
         // b0 of half h is tile rows (k) 0-7, columns 8h.., transposed; b1
         // the same at k 8-15.
         let a = row_addr(p, stride, [0, 1, 0, 1], [0, 0, 1, 1]);
+        // SAFETY: as for `load_a`.
+        unsafe { imp::ldmatrix_x4_trans(a) }
+    }
+
+    #[inline(always)]
+    fn quad_col() -> u32 {
+        4 * (lane() % 4)
+    }
+
+    #[inline(always)]
+    fn quad_pos(e: usize) -> usize {
+        // Element e: half e / 4, x = e % 2 (see `quad_row`).
+        2 * (e / 4) + e % 2
+    }
+
+    #[inline(always)]
+    unsafe fn load_b_t_quads(p: *const u16, stride: usize) -> [u32; 4] {
+        // As `load_b_t`; the tile row that becomes hardware column 8h + r
+        // is quad_row(r, h).
+        let a = quad_addr(p, stride, [0, 0, 1, 1], [0, 1, 0, 1]);
+        // SAFETY: as for `load_a` (rows 0..16 of the tile, permuted).
+        unsafe { imp::ldmatrix_x4(a) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_b_quads(p: *const u16, stride: usize) -> [u32; 4] {
+        // As `load_b`; hardware k = 8h + r (the A column that came from
+        // accumulator column 8h + r) reads tile row quad_row(r, h).
+        let a = quad_addr(p, stride, [0, 1, 0, 1], [0, 0, 1, 1]);
         // SAFETY: as for `load_a`.
         unsafe { imp::ldmatrix_x4_trans(a) }
     }

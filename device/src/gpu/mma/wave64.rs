@@ -15,7 +15,9 @@
 //! (no lane exchange). Row reductions run over the four lanes `l % 16 + 16q`.
 //!
 //! Loads are plain reads (`ds_read_b64` for the two contiguous forms, four
-//! `ds_read_u16` for [`Mma::load_b`]).
+//! `ds_read_u16` for [`Mma::load_b`]). A lane's accumulator columns
+//! `4q..4q + 4` are consecutive, so quad order ([`Mma::load_b_t_quads`])
+//! is the natural order here.
 use super::Mma;
 use crate::gpu::{imp, pack2, shfl_xor_f32, thread_id};
 
@@ -108,6 +110,29 @@ impl Mma for Wave64 {
         // SAFETY: rows k..k + 4, column j of the tile (caller contract).
         let h = |x: usize| u32::from(unsafe { p.add((k + x) * stride + j).read() });
         [h(0) | (h(1) << 16), h(2) | (h(3) << 16)]
+    }
+
+    #[inline(always)]
+    fn quad_col() -> u32 {
+        4 * (lane() / 16)
+    }
+
+    #[inline(always)]
+    fn quad_pos(e: usize) -> usize {
+        e
+    }
+
+    #[inline(always)]
+    unsafe fn load_b_t_quads(p: *const u16, stride: usize) -> [u32; 2] {
+        // The accumulator's columns 4q..4q + 4 are consecutive already.
+        // SAFETY: as for `load_b_t`.
+        unsafe { Self::load_b_t(p, stride) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_b_quads(p: *const u16, stride: usize) -> [u32; 2] {
+        // SAFETY: as for `load_b`.
+        unsafe { Self::load_b(p, stride) }
     }
 
     #[inline(always)]
