@@ -91,8 +91,9 @@ pub struct RowIo {
 /// `io.x` and `io.y` must not overlap (the host checks it).
 ///
 /// # Safety
-/// Where `io.active`, `io.x`/`io.y` valid for `W` halves, not overlapping; `gamma`/`beta` valid for `W` halves when
-/// `AFFINE`; all 16-byte aligned; `lane < L`.
+/// Where `io.active`, `io.x`/`io.y` valid for `W` halves and not
+/// overlapping; `gamma`/`beta` valid for `W` halves when `AFFINE`; all
+/// 16-byte aligned; `lane < L`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
@@ -125,8 +126,8 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     // the tiers' reloads of `x` still see the inputs); tiers 2 and 3 then
     // overwrite the few outputs they redo, one half at a time, in program
     // order after the vector store of the same thread. Holding the
-    // outputs until a wave vote had decided cost about 12% on the H200
-    // (BENCHMARKS.md, ninth session).
+    // outputs in registers until a wave vote had decided measured about
+    // 6% slower on the H200 (BENCHMARKS.md, ninth session).
     const { assert!(NV <= 4) };
     let (st, kf) = fast_stats::<W>(st, sums, eps);
     let mut care = false;
