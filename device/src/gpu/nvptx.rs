@@ -257,42 +257,33 @@ fn shared_addr(p: *const u16) -> u32 {
 // assembly as convergent, so, as for every collective of the facade, the
 // caller keeps the whole warp present (`../shared/TOOLCHAIN.md`'s asm
 // route); `mma` stays the convergent intrinsic.
-#[inline(always)]
-pub unsafe fn ldmatrix_x4(p: *const u16) -> [u32; 4] {
-    let (r0, r1, r2, r3): (u32, u32, u32, u32);
-    // SAFETY: caller contract (workgroup memory, 16-byte aligned rows, the
-    // whole warp); the asm reads only workgroup memory.
-    unsafe {
-        core::arch::asm!(
-            "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{r0}, {r1}, {r2}, {r3}}}, [{a}];",
-            a = in(reg32) shared_addr(p),
-            r0 = out(reg32) r0,
-            r1 = out(reg32) r1,
-            r2 = out(reg32) r2,
-            r3 = out(reg32) r3,
-            options(readonly, nostack, preserves_flags)
-        );
-    }
-    [r0, r1, r2, r3]
+macro_rules! ldmatrix {
+    ($name:ident, $op:literal) => {
+        #[inline(always)]
+        pub unsafe fn $name(p: *const u16) -> [u32; 4] {
+            let (r0, r1, r2, r3): (u32, u32, u32, u32);
+            // SAFETY: caller contract (workgroup memory, 16-byte aligned
+            // rows, the whole warp); the asm reads only workgroup memory.
+            unsafe {
+                core::arch::asm!(
+                    concat!($op, " {{{r0}, {r1}, {r2}, {r3}}}, [{a}];"),
+                    a = in(reg32) shared_addr(p),
+                    r0 = out(reg32) r0,
+                    r1 = out(reg32) r1,
+                    r2 = out(reg32) r2,
+                    r3 = out(reg32) r3,
+                    options(readonly, nostack, preserves_flags)
+                );
+            }
+            [r0, r1, r2, r3]
+        }
+    };
 }
-
-#[inline(always)]
-pub unsafe fn ldmatrix_x4_trans(p: *const u16) -> [u32; 4] {
-    let (r0, r1, r2, r3): (u32, u32, u32, u32);
-    // SAFETY: as for `ldmatrix_x4`.
-    unsafe {
-        core::arch::asm!(
-            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{r0}, {r1}, {r2}, {r3}}}, [{a}];",
-            a = in(reg32) shared_addr(p),
-            r0 = out(reg32) r0,
-            r1 = out(reg32) r1,
-            r2 = out(reg32) r2,
-            r3 = out(reg32) r3,
-            options(readonly, nostack, preserves_flags)
-        );
-    }
-    [r0, r1, r2, r3]
-}
+ldmatrix!(ldmatrix_x4, "ldmatrix.sync.aligned.m8n8.x4.shared.b16");
+ldmatrix!(
+    ldmatrix_x4_trans,
+    "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+);
 
 #[inline(always)]
 pub fn mma_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {

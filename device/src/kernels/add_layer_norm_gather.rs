@@ -18,7 +18,7 @@
 //! reductions; padding rows are written as zeros.
 use super::gather::source_of_row;
 use super::layer_norm::{group_row, in_row};
-use super::layer_norm_gather::store_gathered;
+use super::layer_norm_gather::{source_row, store_gathered};
 use super::ln_stats::moments;
 use crate::gpu;
 use crate::vec::{load8, store8};
@@ -88,10 +88,7 @@ pub unsafe fn add_layer_norm_gather<
     let (st, sums) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
     // The LayerNorm's input row is the stored sum (this lane's own stores
     // are all a refinement reads back).
-    let x_row = match s {
-        Some(s) => residual_out.cast_const().wrapping_add(s * W),
-        None => residual_out.cast_const(),
-    };
+    let x_row = source_row::<W>(residual_out.cast_const(), s);
     // SAFETY: where active, row < n_out; the source row is inside
     // residual_out.
     unsafe {

@@ -53,10 +53,7 @@ pub unsafe fn layer_norm_gather<
     }
     // Every lane of the group, active or not, joins the reductions.
     let (st, sums) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
-    let x_row = match s {
-        Some(s) => src.wrapping_add(s * W),
-        None => src,
-    };
+    let x_row = source_row::<W>(src, s);
     // SAFETY: where active, row < n_out and the source row is inside src.
     unsafe {
         store_gathered::<W, L, NV, AFFINE>(
@@ -73,6 +70,16 @@ pub unsafe fn layer_norm_gather<
             lane,
         )
     };
+}
+
+/// The first half of source row `s` of the rows at `base` (`base` itself
+/// for a padding row, which is never read).
+#[inline(always)]
+pub fn source_row<const W: usize>(base: *const u16, s: Option<usize>) -> *const u16 {
+    match s {
+        Some(s) => base.wrapping_add(s * W),
+        None => base,
+    }
 }
 
 /// Writes one gathered output row: the normalised row (`t`, the offsets,

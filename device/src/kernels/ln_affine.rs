@@ -93,14 +93,8 @@ pub fn needs_care(o_hat: f32, g: f32, z: f32, k: [f32; 2]) -> bool {
 /// statistics and constants.
 #[inline(always)]
 pub fn fast_stats<const W: usize>(st: Stats, sums: RowSums, eps: f32) -> (Stats, [f32; 2]) {
-    let inv_w = 1.0 / W as f64;
-    let mu = sums.sum * inv_w;
-    let m2 = sums.sq * inv_w;
-    let v = (m2 - mu * mu) + f64::from(eps);
-    let r = rsqrt_newton(st.rstd, v);
-    let k = m2 * r * r;
-    let conv = gpu::fma_f64(v * r, r, -1.0);
-    if abs64(conv) <= CONVERGED && k <= K_FAST {
+    let (r, k, converged) = one_pass_rstd::<W>(sums, st.rstd, eps);
+    if converged && k <= K_FAST {
         let rstd = r as f32;
         (
             Stats {
@@ -156,19 +150,28 @@ impl Precise {
     /// From the row's sums, the fast path's f32 `rstd` and `eps`.
     #[inline(always)]
     pub fn of<const W: usize>(sums: RowSums, rstd: f32, eps: f32) -> Self {
-        let inv_w = 1.0 / W as f64;
-        let mu = sums.sum * inv_w;
-        let m2 = sums.sq * inv_w;
-        let v = (m2 - mu * mu) + f64::from(eps);
-        let r = rsqrt_newton(rstd, v);
-        let k = m2 * r * r;
-        let conv = gpu::fma_f64(v * r, r, -1.0);
+        let (r, k, converged) = one_pass_rstd::<W>(sums, rstd, eps);
         Precise {
-            c: r * inv_w,
+            c: r * (1.0 / W as f64),
             err: (k + 1.0) * ERR_SCALE,
-            valid: abs64(conv) <= CONVERGED && k <= K_MAX,
+            valid: converged && k <= K_MAX,
         }
     }
+}
+
+/// The one-pass f64 variance's `rstd` (module docs, tier 2): `var = S2/W -
+/// (S/W)^2`, two Newton steps from the f32 `rstd`, `K = S2/W rstd^2`, and
+/// whether Newton converged to within 2^-30 (`K` is meaningful only then).
+#[inline(always)]
+fn one_pass_rstd<const W: usize>(sums: RowSums, rstd: f32, eps: f32) -> (f64, f64, bool) {
+    let inv_w = 1.0 / W as f64;
+    let mu = sums.sum * inv_w;
+    let m2 = sums.sq * inv_w;
+    let v = (m2 - mu * mu) + f64::from(eps);
+    let r = rsqrt_newton(rstd, v);
+    let k = m2 * r * r;
+    let conv = gpu::fma_f64(v * r, r, -1.0);
+    (r, k, abs64(conv) <= CONVERGED)
 }
 
 /// The halves at offset `i` of an input row and of gamma and beta, as f32.

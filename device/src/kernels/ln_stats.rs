@@ -5,7 +5,7 @@
 //!
 //! For a row `x_1..x_W` of f16 values (`W` = 192, 384 or 768):
 //! 1. `S = sum x_i` in **f64**, per lane and then across the row group
-//!    ([`lane_sum_exact`], [`group_sum_f64_n`]). Every f16 value is a
+//!    ([`lane_sums`], [`group_sum_f64_n`]). Every f16 value is a
 //!    multiple of 2^-24 below 2^16 in magnitude, so every partial sum of up
 //!    to 768 of them is a multiple of 2^-24 below 2^26: at most 50
 //!    significant bits, which f64 (53) holds. Every addition is exact, in
@@ -127,12 +127,6 @@ pub fn lane_sums<const NV: usize, const SQ: bool>(v: &[[f32; 8]; NV]) -> RowSums
         }
     }
     RowSums { sum: s, sq: q }
-}
-
-/// [`lane_sums`] without the squares: the exact sum alone.
-#[inline(always)]
-pub fn lane_sum_exact<const NV: usize>(v: &[[f32; 8]; NV]) -> f64 {
-    lane_sums::<NV, false>(v).sum
 }
 
 /// [`lane_sums`] summed over the row group of `L` lanes.
@@ -311,7 +305,7 @@ mod tests {
         let tiny = gpu::h2f(0x0001); // 2^-24
         let mut v = [[big; 8]; 3];
         v[2][7] = tiny;
-        let s = lane_sum_exact(&v) * 32.0; // 32 such lanes: 768 values
+        let s = lane_sums::<3, false>(&v).sum * 32.0; // 32 such lanes: 768 values
         assert_eq!(s - 32.0 * 23.0 * f64::from(big), 32.0 * f64::from(tiny));
     }
 
