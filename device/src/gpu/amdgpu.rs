@@ -150,6 +150,19 @@ pub fn add_h2(a: u32, b: u32) -> u32 {
 }
 
 #[inline(always)]
+pub fn below_scaled_h2(z: u32, x: u32, k: u16) -> u32 {
+    let k = h2f(k);
+    let below = |s: u32| {
+        let (z, x) = (h2f((z >> s) as u16), h2f((x >> s) as u16));
+        u32::from(
+            f32::from_bits(z.to_bits() & 0x7fff_ffff)
+                < k * f32::from_bits(x.to_bits() & 0x7fff_ffff),
+        ) << (s + 15)
+    };
+    below(0) | below(16)
+}
+
+#[inline(always)]
 pub fn widen2(w: u32) -> [f32; 2] {
     [h2f(w as u16), h2f((w >> 16) as u16)]
 }

@@ -261,6 +261,21 @@ pub fn add_h2(a: u32, b: u32) -> u32 {
     imp::add_h2(a, b)
 }
 
+/// Per half of the packed f16 pairs `z` and `x`: bit 15 (low half) or 31
+/// (high half) of the result is set when `|z| < k |x|` holds exactly, `k`
+/// a positive f16. Other bits are unspecified: callers OR results together
+/// and test `0x8000_8000`. False where `z` or `x` is NaN.
+///
+/// NVIDIA: one `fma.rn.f16x2` of `|x| * -k + |z|` (HFMA2 with operand
+/// modifiers on the words as loaded and stored): round-to-nearest keeps
+/// the sign of the exact sum and gives +0 for an exact 0, so the sign bit
+/// is the comparison. Elsewhere: the comparison in f32, where `k |x|` of
+/// two halves is exact.
+#[inline(always)]
+pub fn below_scaled_h2(z: u32, x: u32, k: u16) -> u32 {
+    imp::below_scaled_h2(z, x, k)
+}
+
 /// The two halves of `w` widened to `f32` (low half first).
 #[inline(always)]
 pub fn widen2(w: u32) -> [f32; 2] {

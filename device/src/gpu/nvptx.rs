@@ -187,6 +187,19 @@ pub fn add_h2(a: u32, b: u32) -> u32 {
 }
 
 #[inline(always)]
+pub fn below_scaled_h2(z: u32, x: u32, k: u16) -> u32 {
+    use core::intrinsics::simd::{simd_fabs, simd_fma, simd_neg};
+    let k = f16::from_bits(k);
+    // SAFETY: H2 and u32 are both 4 bytes; element-wise f16 arithmetic
+    // (`fma.rn.f16x2`, the absolute values as operand modifiers).
+    unsafe {
+        let h = |w: u32| core::mem::transmute::<u32, H2>(w);
+        let d: H2 = simd_fma(simd_fabs(h(x)), simd_neg(H2([k, k])), simd_fabs(h(z)));
+        core::mem::transmute::<H2, u32>(d)
+    }
+}
+
+#[inline(always)]
 pub fn widen2(w: u32) -> [f32; 2] {
     // SAFETY: H2 and u32 are both 4 bytes; an element-wise widening.
     unsafe {

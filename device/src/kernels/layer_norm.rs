@@ -11,11 +11,11 @@
 //! Layout: [`wavefuse_shared::RowLayout`] (a group of `L` lanes per row,
 //! three 16-byte vectors per lane). Rows past the end are predicated off,
 //! never returned early from: their lanes still join the group reductions.
-use super::ln_affine::{care_bits, exact, exact_factor, fast_stats, needs_care, refine};
+use super::ln_affine::{KH_BETA, KH_GAMMA, care_bits, exact, exact_factor, fast_stats, refine};
 use super::ln_stats::{RowSums, Stats, moments};
 use crate::gpu;
 use crate::math;
-use crate::vec::{load8, store8};
+use crate::vec::{load8, load8_bits, pack8, store8, store8_bits, widen8};
 use wavefuse_shared::ROW_BLOCK;
 
 /// This lane's index in its row group and the group's row: groups of `L`
@@ -129,31 +129,56 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     // outputs in registers until a wave vote had decided measured about
     // 6% slower on the H200 (BENCHMARKS.md, ninth session).
     const { assert!(NV <= 4) };
-    let (st, kf) = fast_stats::<W>(st, sums, eps);
-    let mut care = false;
+    let (st, precise) = fast_stats::<W>(st, sums, eps);
+    // Tier 1's test on the packed f16 outputs ([`super::ln_affine`]): the
+    // sign bits of each word flag its two outputs. Collected into `bits`
+    // (bit `8 k + i`: vector `k`, half `i`) only for a vector with a flag,
+    // while its words are in registers: the rare path then reloads only
+    // the flagged outputs.
+    let mut bits = 0u32;
     if io.active {
         // Unrolled by hand: with the rare paths' loops over set bits LLVM
         // left this loop rolled, and `t` went to local memory.
         crate::unroll!(k in [0, 1, 2, 3] {
             if k < NV && in_row::<W, L, NV>(k, lane) {
                 // SAFETY: col + 8 <= W.
-                let (g, b) = unsafe { (load8(gamma.add(col(k))), load8(beta.add(col(k)))) };
+                let (gw, bw) = unsafe { (load8_bits(gamma.add(col(k))), load8_bits(beta.add(col(k)))) };
+                let (g, b) = (widen8(gw), widen8(bw));
                 let mut z = [0.0f32; 8];
                 for i in 0..8 {
                     let o = math::fma(t[k][i], st.rstd, st.shift);
                     z[i] = math::fma(o, g[i], b[i]);
-                    care |= needs_care(o, g[i], z[i], kf);
+                }
+                let zw = pack8(z);
+                let mut d = [0u32; 4];
+                for j in 0..4 {
+                    d[j] = gpu::below_scaled_h2(zw.0[j], bw.0[j], KH_BETA)
+                        | gpu::below_scaled_h2(zw.0[j], gw.0[j], KH_GAMMA);
+                }
+                if (d[0] | d[1] | d[2] | d[3]) & 0x8000_8000 != 0 {
+                    for j in 0..4 {
+                        let lo = (d[j] >> 15) & 1;
+                        let hi = d[j] >> 31;
+                        bits |= (lo | (hi << 1)) << (8 * k + 2 * j);
+                    }
                 }
                 // SAFETY: col + 8 <= W.
-                unsafe { store8(io.y.add(col(k)), z) };
+                unsafe { store8_bits(io.y.add(col(k)), zw) };
             }
         });
     }
+    // Rows without the row-precise statistics (a large offset, NaN, Inf):
+    // every output through the f32-variance test, from reloaded inputs.
+    let care = bits != 0 || (io.active && !precise);
     let hard = if care {
         // SAFETY: care is set only on active lanes; their outputs lie
         // inside the row.
         unsafe {
-            let bits = care_bits::<W, L, NV>(io, gamma, beta, lane, st, kf);
+            let bits = if precise {
+                bits
+            } else {
+                care_bits::<W, L, NV>(io, gamma, beta, lane, st)
+            };
             refine::<W, L>(bits, io, gamma, beta, lane, sums, st.rstd, eps)
         }
     } else {

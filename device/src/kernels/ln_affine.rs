@@ -8,19 +8,33 @@
 //! output goes through at most three tiers (u = 2^-24; `ulp16` the f16
 //! spacing, half of it at least `max(2^-25, 2^-12 |y|)`):
 //!
-//! 1. **Filter** ([`needs_care`]): `|z - y| <= E1 + u |y|` with
-//!    `E1 = |gamma| (2^-20.28 |o_hat| + 2^-28.98)`. If
-//!    `|gamma| (K1 |o_hat| + K2) <= |z|` (the constants round `2^-7.78`
-//!    and `2^-16.48` up, covering the test's own f32 roundings), then
-//!    `E1 <= 2^-12.5 |z|`, `|y| >= |z| (1 - 2^-12.5) / (1 + u)` and
-//!    `|z - y| < 2^-12 |y|`: `z` is kept. Rows whose one-pass f64 variance
-//!    is precise (`K <= 2^20`, `K` below) first get that variance's `rstd`
-//!    ([`fast_stats`]): then `o_hat` is within `3.1 u |o| + 2^-36.2`
-//!    (the offset's, the `rstd`'s and the fused multiply-add's roundings;
-//!    `|mu| rstd <= sqrt(K) <= 2^10` bounds the mean's part), and the
-//!    constants are `2^-9.87` and `2^-23.7`, rounded up: a quarter as
-//!    many outputs are flagged (on random data with `gamma ~ N(1, 0.5)`,
-//!    `beta ~ N(0, 0.5)`, about one in 4000).
+//! 1. **Filter**. Rows whose one-pass f64 variance is precise (`K <=
+//!    2^20`, `K` below) first get that variance's `rstd` ([`fast_stats`]):
+//!    then `o_hat` is within `a |o| + c`, `a = 3.1 u`, `c = 2^-36.2` (the
+//!    offset's, the `rstd`'s and the fused multiply-add's roundings;
+//!    `|mu| rstd <= sqrt(K) <= 2^10` bounds the mean's part). For those
+//!    rows the fast loop tests the packed f16 outputs `z_h` as stored
+//!    ([`gpu::below_scaled_h2`], exact comparisons: one `fma.rn.f16x2` per
+//!    two outputs and constant on NVIDIA): `z_h` is kept when `|z_h| >=
+//!    KH_BETA |beta|` and `|z_h| >= KH_GAMMA |gamma|` ([`KH_BETA`] =
+//!    2^-9.73, [`KH_GAMMA`] = 2^-19.36). Then, as `z` is rounded once,
+//!    `|gamma o_hat| <= |z| (1 + u) + |beta|`, and `|z| <= |z_h| / (1 -
+//!    2^-11) + 2^-25`, so `E1 = |gamma| (a |o| + c) <= Q |z_h| + 2^-47`
+//!    with `Q = a (1 + 2^-10) + a / KH_BETA + c / KH_GAMMA = 2^-12.56`.
+//!    Where `z_h` is normal, `|z_h| <= (1 + 2^-11) (|y| + |z - y|)` and
+//!    `|z - y| <= E1 + u |y|` give `|z - y| < 2^-12.56 |y|`; where it is
+//!    not (`|z_h| < 2^-14`), `|z - y| < 2^-26.5`. Either is below half an
+//!    ulp16(y). The test needs no `o`: near a cancellation `|beta|` is
+//!    `|o gamma|` within `|z|`, so it flags what a test on `|o gamma|`
+//!    with the same constant would.
+//!
+//!    Other rows (a large offset, NaN, Inf) test every output in f32 from
+//!    reloaded inputs ([`care_bits`], [`needs_care`]): with the fast
+//!    path's own `rstd`, `|z - y| <= E1 + u |y|` with `E1 = |gamma|
+//!    (2^-20.28 |o_hat| + 2^-28.98)`. If `|gamma| (K1 |o_hat| + K2) <= |z|`
+//!    (the constants round `2^-7.78` and `2^-16.48` up, covering the
+//!    test's own f32 roundings), then `E1 <= 2^-12.5 |z|`, `|y| >= |z| (1
+//!    - 2^-12.5) / (1 + u)` and `|z - y| < 2^-12 |y|`: `z` is kept.
 //! 2. **Row-precise** ([`Precise`], per lane, only for a lane with a
 //!    flagged output): from the exact row sum `S` and the f64 sum of
 //!    squares `S2` ([`super::ln_stats::RowSums`]): `var = S2/W - (S/W)^2`,
@@ -47,17 +61,17 @@
 //! `f32` within half an ulp16 of `y` rounds to an f16 within one ulp16 of
 //! `y`, see [`super::ln_stats`]).
 //!
-//! Cost: the fast loop ORs tier 1's test into one predicate (three
-//! instructions per output) and stores its outputs at once; a lane with a
-//! flagged output then recomputes its tests from reloaded inputs
-//! ([`care_bits`], the same operations, so the same bits) and redoes the
-//! flagged outputs one at a time ([`refine`], scalar reloads and stores
-//! that overwrite the fast ones in the same thread's program order;
-//! `x` and `y` never overlap). Tier 3 is entered by the whole wave
-//! ([`gpu::wave_any`]) because it reduces over the row group. NaN and
-//! infinite rows never leave tier 1 (the test is false on NaN): their
-//! outputs are NaN as before. Measured cost on the H200: BENCHMARKS.md,
-//! ninth session.
+//! Cost: the fast loop's test is three instructions per two outputs on
+//! NVIDIA (two `fma.rn.f16x2` and an OR); a vector with a flagged output
+//! turns its sign bits into the lane's bit mask while its words are in
+//! registers. The fast outputs are stored at once; a lane with flagged
+//! outputs then redoes them one at a time ([`refine`], scalar reloads and
+//! stores that overwrite the fast ones in the same thread's program
+//! order; `x` and `y` never overlap). Tier 3 is entered by the whole wave
+//! ([`gpu::wave_any`]) because it reduces over the row group. NaN rows
+//! flag no output (every comparison is false on NaN) and infinite ones
+//! none that matters: their outputs are NaN or infinite as before.
+//! Measured cost on the H200: BENCHMARKS.md, ninth and tenth sessions.
 use crate::gpu;
 use crate::math;
 use crate::vec::load8;
@@ -65,34 +79,40 @@ use crate::vec::load8;
 use super::layer_norm::{RowIo, in_row};
 use super::ln_stats::{RowSums, Stats};
 
-/// Tier 1's constants for the fast path's own `rstd` (module docs):
+/// Tier 1's f32 constants for the fast path's own `rstd` (module docs):
 /// `2^-7.78` and `2^-16.48` rounded up by 6% and 10%.
 const K1: f32 = 4.82e-3;
 const K2: f32 = 1.2e-5;
-/// Tier 1's constants with the row-precise `rstd` ([`fast_stats`]):
-/// `2^-9.87` and `2^-23.7` rounded up by 5% and 10%.
-const K1_PRECISE: f32 = 1.12e-3;
-const K2_PRECISE: f32 = 8e-8;
-/// Rows up to this `K` get the row-precise `rstd` in tier 1.
+/// Rows up to this `K` get the row-precise `rstd` and the f16 test in
+/// tier 1.
 const K_FAST: f64 = 1048576.0;
 
-/// Tier 1: whether `z = fma(o_hat, g, b)` may be more than half an ulp16
-/// from `o g + b` (module docs), with the row's filter constants `k`
-/// from [`fast_stats`]. False on NaN.
+/// Tier 1's constants in the fast loop for rows with the row-precise
+/// `rstd`, as f16 bits ([`gpu::below_scaled_h2`] on the packed outputs):
+/// an output `z_h` is kept when `|z_h| >= KH_BETA |beta|` and `|z_h| >=
+/// KH_GAMMA |gamma|` (module docs). `0x14d6` = 1.18065e-3 (2^-9.726),
+/// with `0x0019` = 25 2^-24 (2^-19.356) giving `Q = 2^-12.56`, 4.5%
+/// inside the `2^-12.5` the bound needs.
+pub const KH_BETA: u16 = 0x14d6;
+/// See [`KH_BETA`].
+pub const KH_GAMMA: u16 = 0x0019;
+
+/// Tier 1 in f32, for rows without the row-precise `rstd`: whether `z =
+/// fma(o_hat, g, b)` may be more than half an ulp16 from `o g + b`
+/// (module docs). False on NaN.
 #[inline(always)]
-pub fn needs_care(o_hat: f32, g: f32, z: f32, k: [f32; 2]) -> bool {
-    math::abs(g) * math::fma(math::abs(o_hat), k[0], k[1]) > math::abs(z)
+pub fn needs_care(o_hat: f32, g: f32, z: f32) -> bool {
+    math::abs(g) * math::fma(math::abs(o_hat), K1, K2) > math::abs(z)
 }
 
-/// Tier 1's statistics and filter constants for one row: where the
-/// one-pass f64 variance is precise enough (`K <= 2^20`: relative error
-/// below `2^-28`), `rstd` is that variance's, rounded once to f32, and
-/// `o_hat` is within `3.1 u |o| + 2^-36.2` of `o` (module docs), four
-/// times tighter than with the fast path's f32 variance: the filter
-/// flags a quarter as many outputs. Other rows keep the fast path's
-/// statistics and constants.
+/// Tier 1's statistics for one row, and whether they are row-precise:
+/// where the one-pass f64 variance is precise enough (`K <= 2^20`:
+/// relative error below `2^-28`), `rstd` is that variance's, rounded once
+/// to f32, and `o_hat` is within `3.1 u |o| + 2^-36.2` of `o` (module
+/// docs): the fast loop's f16 test applies. Other rows keep the fast
+/// path's statistics and go through [`care_bits`].
 #[inline(always)]
-pub fn fast_stats<const W: usize>(st: Stats, sums: RowSums, eps: f32) -> (Stats, [f32; 2]) {
+pub fn fast_stats<const W: usize>(st: Stats, sums: RowSums, eps: f32) -> (Stats, bool) {
     let (r, k, converged) = one_pass_rstd::<W>(sums, st.rstd, eps);
     if converged && k <= K_FAST {
         let rstd = r as f32;
@@ -102,10 +122,10 @@ pub fn fast_stats<const W: usize>(st: Stats, sums: RowSums, eps: f32) -> (Stats,
                 shift: -st.mean.lo * rstd,
                 mean: st.mean,
             },
-            [K1_PRECISE, K2_PRECISE],
+            true,
         )
     } else {
-        (st, [K1, K2])
+        (st, false)
     }
 }
 
@@ -198,11 +218,9 @@ fn offset_of<const L: u32>(j: u32, lane: usize) -> usize {
     ((j / 8) as usize * L as usize + lane) * 8 + (j % 8) as usize
 }
 
-/// Tier 1 again for the lane's outputs of one row, from its reloaded
-/// inputs (L1): the same operations as the fast loop, so the same bits,
-/// one per output (`8 k + i`: vector step `k`, half `i`) that
-/// [`needs_care`]. The fast loop only ORs the tests into one predicate
-/// (one instruction per output instead of three).
+/// Tier 1 in f32 for the lane's outputs of a row without the row-precise
+/// `rstd` ([`fast_stats`]), from its reloaded inputs (L1): one bit per
+/// output (`8 k + i`: vector step `k`, half `i`) that [`needs_care`].
 ///
 /// # Safety
 /// `io.x`, `g`, `b` valid for the row's `W` halves.
@@ -214,7 +232,6 @@ pub unsafe fn care_bits<const W: usize, const L: u32, const NV: usize>(
     b: *const u16,
     lane: usize,
     st: Stats,
-    k: [f32; 2],
 ) -> u32 {
     let mut bits = 0u32;
     for s in 0..NV {
@@ -225,7 +242,7 @@ pub unsafe fn care_bits<const W: usize, const L: u32, const NV: usize>(
             for i in 0..8 {
                 let o = math::fma(x[i] - st.mean.hi, st.rstd, st.shift);
                 let z = math::fma(o, g[i], b[i]);
-                bits |= u32::from(needs_care(o, g[i], z, k)) << (8 * s + i);
+                bits |= u32::from(needs_care(o, g[i], z)) << (8 * s + i);
             }
         }
     }
@@ -342,6 +359,52 @@ pub unsafe fn exact<const W: usize, const L: u32>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::vec;
+    use std::vec::Vec;
+
+    #[test]
+    fn f16_filter_constants_meet_the_bound() {
+        // Q = a (1 + 2^-10) + a / KH_BETA + c / KH_GAMMA <= 2^-12.5 (module
+        // docs), a = 3.1 u, c = 2^-36.2.
+        let (a, c) = (3.1 * 2f64.powi(-24), 2f64.powf(-36.2));
+        let kb = f64::from(gpu::h2f(KH_BETA));
+        let kg = f64::from(gpu::h2f(KH_GAMMA));
+        let q = a * (1.0 + 2f64.powi(-10)) + a / kb + c / kg;
+        assert!(q <= 2f64.powf(-12.5) * 0.96, "Q = 2^{}", q.log2());
+    }
+
+    #[test]
+    fn below_scaled_h2_is_the_exact_comparison() {
+        // Every sign, zeros, subnormals, normals, the largest half, Inf and
+        // NaN, against |z| < k |x| in f64 (both products exact there).
+        let mut vals: Vec<u16> = vec![0x0000, 0x0001, 0x0019, 0x03ff, 0x0400, 0x14d6, 0x3c00];
+        vals.extend([0x7bff, 0x7c00, 0x7e00]);
+        let mut s = 0x2545_f491u32;
+        for _ in 0..200 {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            vals.push((s & 0x7fff) as u16);
+        }
+        let all: Vec<u16> = vals.iter().flat_map(|&v| [v, v | 0x8000]).collect();
+        for k in [KH_BETA, KH_GAMMA] {
+            let kf = f64::from(gpu::h2f(k));
+            for &z in &all {
+                for &x in &all {
+                    let (zf, xf) = (f64::from(gpu::h2f(z)), f64::from(gpu::h2f(x)));
+                    let want = zf.abs() < kf * xf.abs();
+                    let w = gpu::below_scaled_h2(
+                        u32::from(z) | (u32::from(x) << 16),
+                        u32::from(x) | (u32::from(z) << 16),
+                        k,
+                    );
+                    let want_hi = xf.abs() < kf * zf.abs();
+                    assert_eq!((w >> 15) & 1 == 1, want, "z {z:#06x} x {x:#06x} k {k:#06x}");
+                    assert_eq!(w >> 31 == 1, want_hi, "z {x:#06x} x {z:#06x} k {k:#06x}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn offsets_follow_the_row_layout() {
