@@ -131,10 +131,13 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     const { assert!(NV <= 4) };
     let (st, precise) = fast_stats::<W>(st, sums, eps);
     // Tier 1's test on the packed f16 outputs ([`super::ln_affine`]): the
-    // sign bits of each word flag its two outputs. Collected into `bits`
-    // (bit `8 k + i`: vector `k`, half `i`) only for a vector with a flag,
-    // while its words are in registers: the rare path then reloads only
-    // the flagged outputs.
+    // sign bits of each word flag its two outputs, collected into `bits`
+    // (bit `8 k + i`: vector `k`, half `i`) while the words are in
+    // registers, so the rare path reloads only the flagged outputs. ptxas
+    // predicates the collection rather than branching around it (about
+    // 20 instructions per vector on every lane); leaving it to the rare
+    // path instead measured no better overall (BENCHMARKS.md, tenth
+    // session).
     let mut bits = 0u32;
     if io.active {
         // Unrolled by hand: with the rare paths' loops over set bits LLVM
