@@ -150,6 +150,11 @@ pub fn add_h2(a: u32, b: u32) -> u32 {
 }
 
 #[inline(always)]
+pub fn odd_bytes(a: u32, b: u32) -> u32 {
+    ((a >> 8) & 0xff) | ((a >> 16) & 0xff00) | ((b << 8) & 0xff_0000) | (b & 0xff00_0000)
+}
+
+#[inline(always)]
 pub fn below_scaled_h2(z: u32, x: u32, k: u16) -> u32 {
     let k = h2f(k);
     let below = |s: u32| {

@@ -276,6 +276,14 @@ pub fn below_scaled_h2(z: u32, x: u32, k: u16) -> u32 {
     imp::below_scaled_h2(z, x, k)
 }
 
+/// Bytes 1 and 3 of `a`, then bytes 1 and 3 of `b`, as one word (from the
+/// low byte up): the bytes that hold the sign bits of two packed f16
+/// pairs. One `prmt.b32` on NVIDIA; shifts and masks elsewhere.
+#[inline(always)]
+pub fn odd_bytes(a: u32, b: u32) -> u32 {
+    imp::odd_bytes(a, b)
+}
+
 /// The two halves of `w` widened to `f32` (low half first).
 #[inline(always)]
 pub fn widen2(w: u32) -> [f32; 2] {

@@ -187,6 +187,22 @@ pub fn add_h2(a: u32, b: u32) -> u32 {
 }
 
 #[inline(always)]
+pub fn odd_bytes(a: u32, b: u32) -> u32 {
+    let d: u32;
+    // SAFETY: register arithmetic only.
+    unsafe {
+        core::arch::asm!(
+            "prmt.b32 {d}, {a}, {b}, 0x7531;",
+            d = out(reg32) d,
+            a = in(reg32) a,
+            b = in(reg32) b,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    d
+}
+
+#[inline(always)]
 pub fn below_scaled_h2(z: u32, x: u32, k: u16) -> u32 {
     use core::intrinsics::simd::{simd_fabs, simd_fma, simd_neg};
     let k = f16::from_bits(k);

@@ -131,13 +131,12 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     const { assert!(NV <= 4) };
     let (st, precise) = fast_stats::<W>(st, sums, eps);
     // Tier 1's test on the packed f16 outputs ([`super::ln_affine`]): the
-    // sign bits of each word flag its two outputs, collected into `bits`
-    // (bit `8 k + i`: vector `k`, half `i`) while the words are in
-    // registers, so the rare path reloads only the flagged outputs. ptxas
-    // predicates the collection rather than branching around it (about
-    // 20 instructions per vector on every lane); leaving it to the rare
-    // path instead measured no better overall (BENCHMARKS.md, tenth
-    // session).
+    // sign bits of each word flag its two outputs, gathered into `bits`
+    // ([`compact_flags`]: byte moves and masks, no branch) while the words
+    // are in registers, so the rare path reloads only the flagged outputs.
+    // A branch around the gathering was if-converted by ptxas into about
+    // 20 predicated instructions per vector; leaving it to the rare path
+    // cost a reload per flagged lane (BENCHMARKS.md, tenth session).
     let mut bits = 0u32;
     if io.active {
         // Unrolled by hand: with the rare paths' loops over set bits LLVM
@@ -158,13 +157,7 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
                     d[j] = gpu::below_scaled_h2(zw.0[j], bw.0[j], KH_BETA)
                         | gpu::below_scaled_h2(zw.0[j], gw.0[j], KH_GAMMA);
                 }
-                if (d[0] | d[1] | d[2] | d[3]) & 0x8000_8000 != 0 {
-                    for j in 0..4 {
-                        let lo = (d[j] >> 15) & 1;
-                        let hi = d[j] >> 31;
-                        bits |= (lo | (hi << 1)) << (8 * k + 2 * j);
-                    }
-                }
+                bits |= compact_flags(d) >> (2 * k);
                 // SAFETY: col + 8 <= W.
                 unsafe { store8_bits(io.y.add(col(k)), zw) };
             }
@@ -178,7 +171,7 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
         // inside the row.
         unsafe {
             let bits = if precise {
-                bits
+                expand_flags(bits)
             } else {
                 care_bits::<W, L, NV>(io, gamma, beta, lane, st)
             };
@@ -194,6 +187,31 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
             exact::<W, L>(hard, io, gamma, beta, lane, sums.sum, c);
         }
     }
+}
+
+/// The eight flags of one vector step's test words `d` (sign bits 15 and
+/// 31 of each) in one word: output `m` (`m < 4`) at bit `8 m + 7`, output
+/// `4 + m` at bit `8 m + 6`, every other bit clear. Shifted right by `2 k`
+/// for step `k`, the steps' flags do not overlap ([`expand_flags`]).
+/// Byte moves and masks: a few instructions per step, no branch.
+#[inline(always)]
+fn compact_flags(d: [u32; 4]) -> u32 {
+    let (lo, hi) = (gpu::odd_bytes(d[0], d[1]), gpu::odd_bytes(d[2], d[3]));
+    (lo & 0x8080_8080) | ((hi >> 1) & 0x4040_4040)
+}
+
+/// [`compact_flags`] of the steps, shifted and ORed, as one bit per output
+/// at `8 k + i` (step `k`, half `i`: the layout [`refine`] reads).
+#[inline(always)]
+fn expand_flags(mut c: u32) -> u32 {
+    let mut bits = 0u32;
+    while c != 0 {
+        let p = c.trailing_zeros();
+        c &= c - 1;
+        let (m, b) = (p / 8, 7 - p % 8);
+        bits |= 1 << (8 * (b / 2) + m + 4 * (b % 2));
+    }
+    bits
 }
 
 /// Whether vector step `k` of `lane` lies inside the row. Always true, and
@@ -235,7 +253,24 @@ layer_norm_entries! {
 
 #[cfg(test)]
 mod tests {
+    use super::{compact_flags, expand_flags};
     use wavefuse_shared::RowLayout;
+
+    #[test]
+    fn flag_bits_reach_their_outputs() {
+        // Every single flag (step k, half i) and all of them at once come
+        // back as bit 8 k + i; the words' other bits are ignored.
+        for k in 0..4 {
+            for i in 0..8 {
+                let mut d = [0x7fff_7fffu32; 4];
+                d[i / 2] |= 1 << (15 + 16 * (i % 2));
+                let c = compact_flags(d) >> (2 * k);
+                assert_eq!(expand_flags(c), 1 << (8 * k + i), "k {k} i {i}");
+            }
+        }
+        let all = (0..4).fold(0, |c, k| c | (compact_flags([u32::MAX; 4]) >> (2 * k)));
+        assert_eq!(expand_flags(all), u32::MAX);
+    }
 
     #[test]
     fn layouts_match_shared() {

@@ -63,8 +63,8 @@
 //!
 //! Cost: the fast loop's test is three instructions per two outputs on
 //! NVIDIA (two `fma.rn.f16x2` and an OR), and its sign bits become the
-//! lane's bit mask while the words are in registers (predicated
-//! instructions every lane executes). The fast outputs are stored at once; a lane with flagged
+//! lane's bit mask while the words are in registers (two `prmt` and four
+//! shifts or masks per eight outputs). The fast outputs are stored at once; a lane with flagged
 //! outputs then redoes them one at a time ([`refine`], scalar reloads and
 //! stores that overwrite the fast ones in the same thread's program
 //! order; `x` and `y` never overlap). Tier 3 is entered by the whole wave
