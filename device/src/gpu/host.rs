@@ -131,24 +131,6 @@ pub fn add_h2(a: u32, b: u32) -> u32 {
 }
 
 #[inline(always)]
-pub fn odd_bytes(a: u32, b: u32) -> u32 {
-    ((a >> 8) & 0xff) | ((a >> 16) & 0xff00) | ((b << 8) & 0xff_0000) | (b & 0xff00_0000)
-}
-
-#[inline(always)]
-pub fn below_scaled_h2(z: u32, x: u32, k: u16) -> u32 {
-    let k = h2f(k);
-    let below = |s: u32| {
-        let (z, x) = (h2f((z >> s) as u16), h2f((x >> s) as u16));
-        u32::from(
-            f32::from_bits(z.to_bits() & 0x7fff_ffff)
-                < k * f32::from_bits(x.to_bits() & 0x7fff_ffff),
-        ) << (s + 15)
-    };
-    below(0) | below(16)
-}
-
-#[inline(always)]
 pub fn widen2(w: u32) -> [f32; 2] {
     [h2f(w as u16), h2f((w >> 16) as u16)]
 }
@@ -243,3 +225,5 @@ pub fn wave_barrier() {
 pub fn wave_uniform(v: u32) -> u32 {
     v
 }
+
+pub use super::scalar::{below_scaled_h2, odd_bytes};

@@ -36,6 +36,9 @@ mod host;
 #[cfg(not(any(target_arch = "amdgpu", target_arch = "nvptx64")))]
 use host as imp;
 
+#[cfg(not(target_arch = "nvptx64"))]
+mod scalar;
+
 pub mod mma;
 
 pub use wavefuse_shared::Target;
