@@ -11,7 +11,10 @@
 //! Layout: [`wavefuse_shared::RowLayout`] (a group of `L` lanes per row,
 //! three 16-byte vectors per lane). Rows past the end are predicated off,
 //! never returned early from: their lanes still join the group reductions.
-use super::ln_affine::{KH_BETA, KH_GAMMA, care_bits, exact, exact_factor, fast_stats, refine};
+use super::ln_affine::{
+    KH_BETA, KH_GAMMA, care_bits, compact_flags, exact, exact_factor, expand_flags, fast_stats,
+    refine,
+};
 use super::ln_stats::{RowSums, Stats, moments};
 use crate::gpu;
 use crate::math;
@@ -189,31 +192,6 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     }
 }
 
-/// The eight flags of one vector step's test words `d` (sign bits 15 and
-/// 31 of each) in one word: output `m` (`m < 4`) at bit `8 m + 7`, output
-/// `4 + m` at bit `8 m + 6`, every other bit clear. Shifted right by `2 k`
-/// for step `k`, the steps' flags do not overlap ([`expand_flags`]).
-/// Byte moves and masks: a few instructions per step, no branch.
-#[inline(always)]
-fn compact_flags(d: [u32; 4]) -> u32 {
-    let (lo, hi) = (gpu::odd_bytes(d[0], d[1]), gpu::odd_bytes(d[2], d[3]));
-    (lo & 0x8080_8080) | ((hi >> 1) & 0x4040_4040)
-}
-
-/// [`compact_flags`] of the steps, shifted and ORed, as one bit per output
-/// at `8 k + i` (step `k`, half `i`: the layout [`refine`] reads).
-#[inline(always)]
-fn expand_flags(mut c: u32) -> u32 {
-    let mut bits = 0u32;
-    while c != 0 {
-        let p = c.trailing_zeros();
-        c &= c - 1;
-        let (m, b) = (p / 8, 7 - p % 8);
-        bits |= 1 << (8 * (b / 2) + m + 4 * (b % 2));
-    }
-    bits
-}
-
 /// Whether vector step `k` of `lane` lies inside the row. Always true, and
 /// known at compile time, when `L * NV` vectors cover the row exactly
 /// ([`wavefuse_shared::RowLayout::for_width`]); the last step of a
@@ -253,24 +231,7 @@ layer_norm_entries! {
 
 #[cfg(test)]
 mod tests {
-    use super::{compact_flags, expand_flags};
     use wavefuse_shared::RowLayout;
-
-    #[test]
-    fn flag_bits_reach_their_outputs() {
-        // Every single flag (step k, half i) and all of them at once come
-        // back as bit 8 k + i; the words' other bits are ignored.
-        for k in 0..4 {
-            for i in 0..8 {
-                let mut d = [0x7fff_7fffu32; 4];
-                d[i / 2] |= 1 << (15 + 16 * (i % 2));
-                let c = compact_flags(d) >> (2 * k);
-                assert_eq!(expand_flags(c), 1 << (8 * k + i), "k {k} i {i}");
-            }
-        }
-        let all = (0..4).fold(0, |c, k| c | (compact_flags([u32::MAX; 4]) >> (2 * k)));
-        assert_eq!(expand_flags(all), u32::MAX);
-    }
 
     #[test]
     fn layouts_match_shared() {

@@ -63,9 +63,10 @@
 //!
 //! Cost: the fast loop's test is three instructions per two outputs on
 //! NVIDIA (two `fma.rn.f16x2` and an OR), and its sign bits become the
-//! lane's bit mask while the words are in registers (two `prmt` and four
-//! shifts or masks per eight outputs). The fast outputs are stored at once; a lane with flagged
-//! outputs then redoes them one at a time ([`refine`], scalar reloads and
+//! lane's bit mask while the words are in registers ([`compact_flags`]:
+//! two `prmt` and four shifts or masks per eight outputs). The fast
+//! outputs are stored at once; a lane with flagged outputs then redoes
+//! them one at a time ([`refine`], scalar reloads and
 //! stores that overwrite the fast ones in the same thread's program
 //! order; `x` and `y` never overlap). Tier 3 is entered by the whole wave
 //! ([`gpu::wave_any`]) because it reduces over the row group. NaN rows
@@ -216,6 +217,32 @@ unsafe fn inputs_at(x: *const u16, g: *const u16, b: *const u16, i: usize) -> [f
 #[inline(always)]
 fn offset_of<const L: u32>(j: u32, lane: usize) -> usize {
     ((j / 8) as usize * L as usize + lane) * 8 + (j % 8) as usize
+}
+
+/// The eight flags of one vector step's test words `d` (sign bits 15 and
+/// 31 of each) in one word: output `m` (`m < 4`) at bit `8 m + 7`, output
+/// `4 + m` at bit `8 m + 6`, every other bit clear. Shifted right by `2 k`
+/// for step `k`, the steps' flags do not overlap ([`expand_flags`]).
+/// Byte moves and masks: a few instructions per step, no branch.
+#[inline(always)]
+pub fn compact_flags(d: [u32; 4]) -> u32 {
+    let (lo, hi) = (gpu::odd_bytes(d[0], d[1]), gpu::odd_bytes(d[2], d[3]));
+    (lo & 0x8080_8080) | ((hi >> 1) & 0x4040_4040)
+}
+
+/// [`compact_flags`] of the steps, shifted and ORed, as one bit per output
+/// at `8 k + i` (step `k`, half `i`: the layout [`refine`] reads,
+/// [`offset_of`]).
+#[inline(always)]
+pub fn expand_flags(mut c: u32) -> u32 {
+    let mut bits = 0u32;
+    while c != 0 {
+        let p = c.trailing_zeros();
+        c &= c - 1;
+        let (m, b) = (p / 8, 7 - p % 8);
+        bits |= 1 << (8 * (b / 2) + m + 4 * (b % 2));
+    }
+    bits
 }
 
 /// Tier 1 in f32 for the lane's outputs of a row without the row-precise
@@ -404,6 +431,22 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn flag_bits_reach_their_outputs() {
+        // Every single flag (step k, half i) and all of them at once come
+        // back as bit 8 k + i; the words' other bits are ignored.
+        for k in 0..4 {
+            for i in 0..8 {
+                let mut d = [0x7fff_7fffu32; 4];
+                d[i / 2] |= 1 << (15 + 16 * (i % 2));
+                let c = compact_flags(d) >> (2 * k);
+                assert_eq!(expand_flags(c), 1 << (8 * k + i), "k {k} i {i}");
+            }
+        }
+        let all = (0..4).fold(0, |c, k| c | (compact_flags([u32::MAX; 4]) >> (2 * k)));
+        assert_eq!(expand_flags(all), u32::MAX);
     }
 
     #[test]
