@@ -28,10 +28,29 @@ pub const VEC_HALVES: usize = 8;
 /// Threads per workgroup for the row kernels (8 warps on NVIDIA, 4 waves on gfx9).
 pub const ROW_BLOCK: u32 = 256;
 
-/// Affine LayerNorm entries launched in [`ROW_BLOCK`]-thread workgroups:
-/// workgroups per SM the NVIDIA build's register budget is set for (PTX
-/// `.minnctapersm`, written by `cargo xtask kernels`): 64 registers.
-pub const LN_AFFINE_MIN_BLOCKS_SM: u32 = 4;
+/// Threads per workgroup of the affine LayerNorm and LayerNorm+gather
+/// entries (2 warps on NVIDIA, one wave on gfx9). Their refinement tiers
+/// take registers, and a workgroup's warps hold its registers until the
+/// last one finishes: smaller workgroups keep more warps resident. On the
+/// H200, 64 threads at 56 registers were 3-8% faster than [`ROW_BLOCK`]
+/// threads at 64 (BENCHMARKS.md, eleventh session).
+pub const LN_AFFINE_BLOCK: u32 = 64;
+
+/// Workgroups of [`LN_AFFINE_BLOCK`] threads per SM the NVIDIA build's
+/// register budget is set for (PTX `.minnctapersm`, written by `cargo
+/// xtask kernels`): 56 registers.
+pub const LN_AFFINE_MIN_BLOCKS_SM: u32 = 18;
+
+/// Workgroups per SM for the affine entries launched in [`ROW_BLOCK`]-thread
+/// workgroups (add+LayerNorm+gather, add+LayerNorm at 768): 64 registers.
+pub const ROW_AFFINE_MIN_BLOCKS_SM: u32 = 4;
+
+/// Threads per workgroup of the LayerNorm and LayerNorm+gather entries
+/// ([`LN_AFFINE_BLOCK`] with affine, [`ROW_BLOCK`] without): the kernels
+/// and the host's launches both read it.
+pub const fn ln_block(affine: bool) -> u32 {
+    if affine { LN_AFFINE_BLOCK } else { ROW_BLOCK }
+}
 
 /// Lane layout of one row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,14 +108,29 @@ impl RowLayout {
 
     /// Rows one workgroup of [`ROW_BLOCK`] threads covers.
     pub const fn rows_per_block(&self) -> usize {
-        ROW_BLOCK as usize / self.lanes
+        self.rows_per_block_of(ROW_BLOCK)
     }
 
-    /// Workgroups needed for `rows` rows.
+    /// Workgroups of [`ROW_BLOCK`] threads needed for `rows` rows.
     pub const fn blocks_for(&self, rows: usize) -> usize {
-        rows.div_ceil(self.rows_per_block())
+        self.blocks_for_of(rows, ROW_BLOCK)
+    }
+
+    /// Rows one workgroup of `block` threads covers.
+    pub const fn rows_per_block_of(&self, block: u32) -> usize {
+        block as usize / self.lanes
+    }
+
+    /// Workgroups of `block` threads needed for `rows` rows.
+    pub const fn blocks_for_of(&self, rows: usize, block: u32) -> usize {
+        rows.div_ceil(self.rows_per_block_of(block))
     }
 }
+
+/// Threads per workgroup of the affine add+LayerNorm entry of width 192:
+/// at 40 registers, 128 threads keep as many warps per SM as 256 and were
+/// 5-7% faster on the H200 (BENCHMARKS.md, eleventh session).
+pub const ADD_LN_AFFINE_192_BLOCK: u32 = 128;
 
 /// Launch shape of the add+LayerNorm kernels: the 32-lane [`RowLayout::wide`]
 /// layout, `rows_per_group` rows per 32-lane group (their loads all in
@@ -124,11 +158,19 @@ impl AddLnShape {
     /// The shape for a width with compiled kernels (`None` otherwise) in
     /// the build for `target`.
     pub const fn for_width(width: usize, target: Target) -> Option<AddLnShape> {
+        AddLnShape::for_entry(width, target, false)
+    }
+
+    /// The shape of the entry with or without `affine`: as
+    /// [`AddLnShape::for_width`], except the affine entry of width 192, in
+    /// [`ADD_LN_AFFINE_192_BLOCK`]-thread workgroups.
+    pub const fn for_entry(width: usize, target: Target, affine: bool) -> Option<AddLnShape> {
         let Some(layout) = RowLayout::wide(width) else {
             return None;
         };
         let (rows_per_group, block) = match width {
             384 => (2, target.min_block()),
+            192 if affine => (1, ADD_LN_AFFINE_192_BLOCK),
             _ => (1, ROW_BLOCK),
         };
         Some(AddLnShape {
@@ -224,16 +266,24 @@ mod tests {
     fn add_ln_shapes_fill_whole_groups() {
         for w in LN_WIDTHS {
             for t in [Target::Nvptx, Target::Amdgpu, Target::Host] {
-                let s = AddLnShape::for_width(w, t).expect("supported");
-                assert_eq!(Some(s.layout), RowLayout::wide(w));
-                assert_eq!(s.block as usize % s.layout.lanes, 0);
-                assert_eq!(s.block % t.min_block(), 0);
-                assert!(s.rows_per_group >= 1 && s.rows_per_block() >= 1);
-                assert_eq!(s.blocks_for(1), 1);
-                assert_eq!(s.blocks_for(s.rows_per_block()), 1);
-                assert_eq!(s.blocks_for(s.rows_per_block() + 1), 2);
+                for affine in [false, true] {
+                    let s = AddLnShape::for_entry(w, t, affine).expect("supported");
+                    assert_eq!(Some(s.layout), RowLayout::wide(w));
+                    assert_eq!(s.block as usize % s.layout.lanes, 0);
+                    assert_eq!(s.block % t.min_block(), 0);
+                    assert!(s.rows_per_group >= 1 && s.rows_per_block() >= 1);
+                    assert_eq!(s.blocks_for(1), 1);
+                    assert_eq!(s.blocks_for(s.rows_per_block()), 1);
+                    assert_eq!(s.blocks_for(s.rows_per_block() + 1), 2);
+                }
             }
         }
+        let s = AddLnShape::for_entry(192, Target::Nvptx, true).expect("supported");
+        assert_eq!((s.rows_per_group, s.block, s.rows_per_block()), (1, 128, 4));
+        assert_eq!(
+            AddLnShape::for_entry(192, Target::Nvptx, false),
+            AddLnShape::for_width(192, Target::Nvptx)
+        );
         let s = AddLnShape::for_width(384, Target::Nvptx).expect("supported");
         assert_eq!((s.rows_per_group, s.block, s.rows_per_block()), (2, 32, 2));
         let s = AddLnShape::for_width(384, Target::Amdgpu).expect("supported");
@@ -247,5 +297,16 @@ mod tests {
         assert_eq!(l.blocks_for(1), 1);
         assert_eq!(l.blocks_for(l.rows_per_block()), 1);
         assert_eq!(l.blocks_for(l.rows_per_block() + 1), 2);
+        for w in LN_WIDTHS {
+            let l = RowLayout::for_width(w).expect("supported");
+            for affine in [false, true] {
+                let b = ln_block(affine);
+                assert_eq!(b as usize % l.lanes, 0, "W {w} block {b}");
+                assert_eq!(b % Target::Amdgpu.min_block(), 0);
+                assert_eq!(l.blocks_for_of(l.rows_per_block_of(b), b), 1);
+                assert_eq!(l.blocks_for_of(l.rows_per_block_of(b) + 1, b), 2);
+            }
+        }
+        assert_eq!(ln_block(false), ROW_BLOCK);
     }
 }

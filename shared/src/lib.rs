@@ -15,5 +15,8 @@ pub mod target;
 pub mod window;
 
 pub use index::PAD;
-pub use layout::{AddLnShape, LN_AFFINE_MIN_BLOCKS_SM, ROW_BLOCK, RowLayout, VEC_HALVES};
+pub use layout::{
+    ADD_LN_AFFINE_192_BLOCK, AddLnShape, LN_AFFINE_BLOCK, LN_AFFINE_MIN_BLOCKS_SM,
+    ROW_AFFINE_MIN_BLOCKS_SM, ROW_BLOCK, RowLayout, VEC_HALVES, ln_block,
+};
 pub use target::Target;

@@ -1,6 +1,13 @@
 """A/B timing of LayerNorm-family PTX builds in one process on one GPU.
 
-    python3 ln_ab.py NAME=PATH.ptx [NAME=PATH.ptx ...] [--reps N] [--rounds R]
+    python3 ln_ab.py NAME=PATH.ptx[@bN[+aM]] [NAME=PATH.ptx ...] [--reps N] [--rounds R]
+
+`@bN`: the build's affine LayerNorm and LayerNorm+gather entries run in
+N-thread workgroups (wavefuse_shared::ln_block; 64 since the eleventh
+session, ROW_BLOCK before); `+aM`: its affine add+LayerNorm entry of width
+192 in M-thread workgroups (AddLnShape::for_entry; 128 since then). Without
+them a build gets the geometry of the kernels before (b82904f's `old`).
+`@split` (the dropped branch `lay`): RowLayout::for_affine lanes.
 
 Every build's kernels run on the same tensors (input sets rotated past the
 L2), interleaved build by build and round by round; each timing is the
@@ -9,7 +16,8 @@ sleep kernel so that the host's launch rate cannot show. Each build's
 outputs are checked once per case against an f64 LayerNorm of the same f16
 input (max error in f16 ulps; `y` and, for add+LN, the residual bits).
 Launch geometry mirrors wavefuse_shared (RowLayout::for_width, AddLnShape,
-ROW_BLOCK = 256 threads); a wrong geometry fails the check.
+ROW_BLOCK = 256 threads, the flags above); a wrong geometry fails the
+check.
 """
 import argparse
 import ctypes
@@ -26,6 +34,8 @@ sys.path[:0] = [here, os.path.join(here, "..", "..", "benches")]
 from wf_launch import ROW_BLOCK, Driver  # noqa: E402
 
 LANES = {192: 8, 384: 16, 768: 32}
+# RowLayout::for_affine: the affine LayerNorm and LayerNorm+gather entries.
+LANES_AFFINE = {192: 16, 384: 32, 768: 32}
 EPS = 1e-5
 L2_BYTES = 50 << 20
 # Set by --affine-all: affine cases of every family and width.
@@ -120,19 +130,25 @@ def make(kind, shape, affine, dev):
         sets.append({"x": x, "br": br, "y": torch.empty(n_out, w, device=dev, dtype=torch.half),
                      "r": torch.empty_like(x) if two else None})
     suffix = ("_affine" if affine else "") + f"_{w}"
-    lanes = LANES[w]
 
     def launch(mod, s):
+        # Builds marked @split use RowLayout::for_affine for these entries.
+        split = getattr(mod, "split", False) and affine and kind in ("layer_norm", "layer_norm_gather")
+        lanes = (LANES_AFFINE if split else LANES)[w]
+        # Builds marked @b128 launch these entries in 128-thread workgroups.
+        blk = getattr(mod, "blk", ROW_BLOCK) if affine and kind in ("layer_norm", "layer_norm_gather") else ROW_BLOCK
         if kind == "layer_norm":
-            mod.launch("wf_layer_norm" + suffix, -(-rows // (ROW_BLOCK // lanes)), ROW_BLOCK,
+            mod.launch("wf_layer_norm" + suffix, -(-rows // (blk // lanes)), blk,
                        [p(s["x"]), p(s["y"]), p(g), p(b), u64(rows), ctypes.c_float(EPS)])
         elif kind == "add_layer_norm":
             per_block, block = (2, 32) if w == 384 else (ROW_BLOCK // 32, ROW_BLOCK)
+            if affine and w == 192 and hasattr(mod, "ablk"):
+                per_block, block = mod.ablk // 32, mod.ablk
             mod.launch("wf_add_layer_norm" + suffix, -(-rows // per_block), block,
                        [p(s["x"]), p(s["br"]), p(s["r"]), p(s["y"]), p(g), p(b), u64(rows),
                         ctypes.c_float(EPS)])
         elif kind == "layer_norm_gather":
-            mod.launch("wf_layer_norm_gather" + suffix, -(-n_out // (ROW_BLOCK // lanes)), ROW_BLOCK,
+            mod.launch("wf_layer_norm_gather" + suffix, -(-n_out // (blk // lanes)), blk,
                        [p(s["x"]), p(table), p(s["y"]), p(g), p(b), u64(n_out), u64(rows),
                         ctypes.c_float(EPS)])
         else:
@@ -179,7 +195,14 @@ def main():
     mods = []
     for spec in a.builds:
         name, path = spec.split("=", 1)
-        mods.append((name, Driver(path)))
+        split = path.endswith("@split")
+        d = Driver(path.split("@")[0])
+        d.split = split
+        if "@b" in path:
+            d.blk = int(path.split("@b")[1].split("+")[0])
+        if "+a" in path:
+            d.ablk = int(path.split("+a")[1])
+        mods.append((name, d))
     print("gpu:", torch.cuda.get_device_name(), "| torch", torch.__version__)
     torch.manual_seed(0)
     names = [n for n, _ in mods]

@@ -45,10 +45,11 @@ pub const KERNEL_FLAGS: &[&str] = &["-Cllvm-args=-unroll-threshold=1000"];
 /// ptxas must fit). rustc has no way to attach NVVM launch bounds, so they
 /// are written after the entry's parameter list. The window attention
 /// without bounds took 176 registers (3 workgroups per SM); with 4 it was
-/// 1.5x faster on the H200 (BENCHMARKS.md). The affine LayerNorm entries of
-/// `ROW_BLOCK` threads took 64-68 registers with their refinement tiers;
-/// held to 64 (4 workgroups per SM) they were 3-7% faster (BENCHMARKS.md,
-/// ninth session).
+/// 1.5x faster on the H200 (BENCHMARKS.md). The affine LayerNorm entries
+/// took 64-68 registers with their refinement tiers: held to 56 in
+/// `LN_AFFINE_BLOCK`-thread workgroups (18 per SM) they were 3-8% faster
+/// than at 64 in `ROW_BLOCK` threads, which were 3-7% faster than with no
+/// bound (BENCHMARKS.md, ninth and eleventh sessions).
 pub const PTX_LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     (
         "wf_window_attention_",
@@ -57,23 +58,23 @@ pub const PTX_LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ),
     (
         "wf_layer_norm_affine_",
-        wavefuse_shared::ROW_BLOCK,
+        wavefuse_shared::LN_AFFINE_BLOCK,
         wavefuse_shared::LN_AFFINE_MIN_BLOCKS_SM,
     ),
     (
         "wf_layer_norm_gather_affine_",
-        wavefuse_shared::ROW_BLOCK,
+        wavefuse_shared::LN_AFFINE_BLOCK,
         wavefuse_shared::LN_AFFINE_MIN_BLOCKS_SM,
     ),
     (
         "wf_add_layer_norm_gather_affine_",
         wavefuse_shared::ROW_BLOCK,
-        wavefuse_shared::LN_AFFINE_MIN_BLOCKS_SM,
+        wavefuse_shared::ROW_AFFINE_MIN_BLOCKS_SM,
     ),
     (
         "wf_add_layer_norm_affine_768",
         wavefuse_shared::ROW_BLOCK,
-        wavefuse_shared::LN_AFFINE_MIN_BLOCKS_SM,
+        wavefuse_shared::ROW_AFFINE_MIN_BLOCKS_SM,
     ),
 ];
 

@@ -20,6 +20,7 @@
 //! and steps past the row are predicated off; their lanes still join the
 //! group reductions.
 use super::layer_norm::{RowIo, in_row, normalise_store};
+use super::ln_affine::precise_stats;
 use super::ln_stats::{
     Mean, RowSums, group_sum_f64_n, lane_sq_sum, lane_sums, mean_of, offsets, stats_of,
 };
@@ -118,20 +119,39 @@ pub unsafe fn add_layer_norm<
         sqs
     };
     let mut mean = [Mean { hi: 0.0, lo: 0.0 }; R];
-    let mut sq = [0.0f32; R];
+    let mut pst = [None; R];
+    let mut need = !AFFINE;
     for r in 0..R {
         mean[r] = mean_of::<W>(sums[r]);
         offsets::<W, L, NV>(&mut v[r], mean[r].hi, lane);
-        sq[r] = lane_sq_sum(&v[r]);
+        if AFFINE {
+            let rs = RowSums {
+                sum: sums[r],
+                sq: sqs[r],
+            };
+            pst[r] = precise_stats::<W>(rs, mean[r], eps);
+            need |= pst[r].is_none();
+        }
     }
-    let sq = gpu::group_sum_n::<L, R>(sq);
+    // The f32 sum of squares only where a row of the wave needs it (the
+    // affine entries' other rows have row-precise statistics).
+    let mut sq = [0.0f32; R];
+    if !AFFINE || gpu::wave_any(need) {
+        for r in 0..R {
+            sq[r] = lane_sq_sum(&v[r]);
+        }
+        sq = gpu::group_sum_n::<L, R>(sq);
+    }
     const { assert!(R <= 2) };
     // Unrolled by hand: the affine refinement's loops over set bits left
     // this loop rolled, and `v` went to local memory.
     crate::unroll!(r in [0, 1] {
         if r < R {
         let row = first + r as u64;
-        let st = stats_of::<W>(sq[r], mean[r], eps);
+        let (st, precise) = match pst[r] {
+            Some(p) => (p, true),
+            None => (stats_of::<W>(sq[r], mean[r], eps), false),
+        };
         // The LayerNorm's input row is the stored sum: this lane's own
         // stores are all a refinement reads back.
         let io = RowIo {
@@ -145,24 +165,27 @@ pub unsafe fn add_layer_norm<
         };
         // SAFETY: where active, row < rows: the rows lie inside
         // residual_out and y; affine vectors in bounds.
-        unsafe { normalise_store::<W, L, NV, AFFINE>(&v[r], st, rs, io, gamma, beta, eps, lane) };
+        unsafe { normalise_store::<W, L, NV, AFFINE>(&v[r], st, rs, precise, io, gamma, beta, eps, lane) };
         }
     });
 }
 
 /// The launch shape of one width in this build (see [`AddLnShape`]).
-const fn shape(width: usize) -> AddLnShape {
-    match AddLnShape::for_width(width, gpu::TARGET) {
+const fn shape(width: usize, affine: bool) -> AddLnShape {
+    match AddLnShape::for_entry(width, gpu::TARGET, affine) {
         Some(s) => s,
         None => panic!("add_layer_norm: width without a launch shape"),
     }
 }
-const S192: AddLnShape = shape(192);
-const S384: AddLnShape = shape(384);
-const S768: AddLnShape = shape(768);
+const S192: AddLnShape = shape(192, false);
+const S384: AddLnShape = shape(384, false);
+const S768: AddLnShape = shape(768, false);
+const A192: AddLnShape = shape(192, true);
+const A384: AddLnShape = shape(384, true);
+const A768: AddLnShape = shape(768, true);
 
 macro_rules! add_layer_norm_entries {
-    ($($plain:ident, $affine:ident: W = $w:literal, S = $s:ident, NV = $nv:literal;)*) => {$(
+    ($($plain:ident, $affine:ident: W = $w:literal, S = $s:ident, A = $a:ident, NV = $nv:literal;)*) => {$(
         kernel! {
             #[allow(clippy::too_many_arguments)]
             /// Residual add + LayerNorm without affine, fixed width.
@@ -176,7 +199,7 @@ macro_rules! add_layer_norm_entries {
             /// Residual add + LayerNorm with f16 gamma and beta, fixed width.
             pub fn $affine(residual: *const u16, branch: *const u16, residual_out: *mut u16, y: *mut u16, gamma: *const u16, beta: *const u16, rows: u64, eps: f32) {
                 // SAFETY: extents and launch shape checked by the host API.
-                unsafe { add_layer_norm::<$w, 32, $nv, { $s.rows_per_group }, { $s.block }, true>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
+                unsafe { add_layer_norm::<$w, 32, $nv, { $a.rows_per_group }, { $a.block }, true>(residual, branch, residual_out, y, gamma, beta, rows, eps) }
             }
         }
     )*};
@@ -185,9 +208,9 @@ macro_rules! add_layer_norm_entries {
 // NV must equal the shape's layout.vecs_per_lane (and 32 its lanes); the
 // `layouts_match_shared` test below keeps them in step.
 add_layer_norm_entries! {
-    wf_add_layer_norm_192, wf_add_layer_norm_affine_192: W = 192, S = S192, NV = 1;
-    wf_add_layer_norm_384, wf_add_layer_norm_affine_384: W = 384, S = S384, NV = 2;
-    wf_add_layer_norm_768, wf_add_layer_norm_affine_768: W = 768, S = S768, NV = 3;
+    wf_add_layer_norm_192, wf_add_layer_norm_affine_192: W = 192, S = S192, A = A192, NV = 1;
+    wf_add_layer_norm_384, wf_add_layer_norm_affine_384: W = 384, S = S384, A = A384, NV = 2;
+    wf_add_layer_norm_768, wf_add_layer_norm_affine_768: W = 768, S = S768, A = A768, NV = 3;
 }
 
 #[cfg(test)]
@@ -200,6 +223,9 @@ mod tests {
             (192, super::S192, 1),
             (384, super::S384, 2),
             (768, super::S768, 3),
+            (192, super::A192, 1),
+            (384, super::A384, 2),
+            (768, super::A768, 3),
         ] {
             assert_eq!(Some(s.layout), RowLayout::wide(w));
             assert_eq!((s.layout.lanes, s.layout.vecs_per_lane), (32, nv));

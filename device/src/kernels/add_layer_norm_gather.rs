@@ -85,7 +85,7 @@ pub unsafe fn add_layer_norm_gather<
         }
     }
     // Every lane of the group, active or not, joins the reductions.
-    let (st, sums) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
+    let (st, sums, precise) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
     // The LayerNorm's input row is the stored sum (this lane's own stores
     // are all a refinement reads back).
     let x_row = source_row::<W>(residual_out.cast_const(), s);
@@ -96,6 +96,7 @@ pub unsafe fn add_layer_norm_gather<
             &v,
             st,
             sums,
+            precise,
             x_row,
             s.is_some(),
             out.wrapping_add(row as usize * W),

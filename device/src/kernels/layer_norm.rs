@@ -12,23 +12,29 @@
 //! three 16-byte vectors per lane). Rows past the end are predicated off,
 //! never returned early from: their lanes still join the group reductions.
 use super::ln_affine::{
-    KH_BETA, KH_GAMMA, care_bits, compact_flags, exact, exact_factor, expand_flags, fast_stats,
-    refine,
+    KH_BETA, KH_GAMMA, care_bits, compact_flags, exact, exact_factor, expand_flags, refine,
 };
 use super::ln_stats::{RowSums, Stats, moments};
 use crate::gpu;
 use crate::math;
 use crate::vec::{load8, load8_bits, pack8, store8, store8_bits, widen8};
-use wavefuse_shared::ROW_BLOCK;
+use wavefuse_shared::{ROW_BLOCK, ln_block};
 
 /// This lane's index in its row group and the group's row: groups of `L`
 /// consecutive lanes, [`ROW_BLOCK`]` / L` rows per workgroup (the
 /// [`wavefuse_shared::RowLayout`] launch shape every row kernel shares).
 #[inline(always)]
 pub fn group_row<const L: u32>() -> (usize, u64) {
+    group_row_in::<L>(ROW_BLOCK)
+}
+
+/// [`group_row`] in workgroups of `block` threads (the affine entries:
+/// [`wavefuse_shared::ln_block`]).
+#[inline(always)]
+pub fn group_row_in<const L: u32>(block: u32) -> (usize, u64) {
     let tid = gpu::thread_id();
     let lane = (tid % L) as usize;
-    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK / L) + u64::from(tid / L);
+    let row = u64::from(gpu::block_id()) * u64::from(block / L) + u64::from(tid / L);
     (lane, row)
 }
 
@@ -47,7 +53,7 @@ pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AF
     rows: u64,
     eps: f32,
 ) {
-    let (lane, row) = group_row::<L>();
+    let (lane, row) = group_row_in::<L>(ln_block(AFFINE));
     let active = row < rows;
     let base = row as usize * W;
 
@@ -60,14 +66,16 @@ pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AF
             }
         }
     }
-    let (st, sums) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
+    let (st, sums, precise) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
     let io = RowIo {
         x: x.wrapping_add(base),
         y: y.wrapping_add(base),
         active,
     };
     // SAFETY: where active, row < rows: the row lies inside x and y.
-    unsafe { normalise_store::<W, L, NV, AFFINE>(&v, st, sums, io, gamma, beta, eps, lane) };
+    unsafe {
+        normalise_store::<W, L, NV, AFFINE>(&v, st, sums, precise, io, gamma, beta, eps, lane)
+    };
 }
 
 /// One output row's place in memory and whether this lane writes it.
@@ -103,6 +111,7 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     t: &[[f32; 8]; NV],
     st: Stats,
     sums: RowSums,
+    precise: bool,
     io: RowIo,
     gamma: *const u16,
     beta: *const u16,
@@ -132,7 +141,6 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     // outputs in registers until a wave vote had decided measured about
     // 6% slower on the H200 (BENCHMARKS.md, ninth session).
     const { assert!(NV <= 4) };
-    let (st, precise) = fast_stats::<W>(st, sums, eps);
     // Tier 1's test on the packed f16 outputs ([`super::ln_affine`]): the
     // sign bits of each word flag its two outputs, gathered into `bits`
     // ([`compact_flags`]: byte moves and masks, no branch) while the words

@@ -10,9 +10,10 @@
 //! `0..n_src` (impossible after the host's validation) is treated as
 //! padding, never read.
 use super::gather::source_of_row;
-use super::layer_norm::{RowIo, group_row, in_row, normalise_store};
+use super::layer_norm::{RowIo, group_row_in, in_row, normalise_store};
 use super::ln_stats::{RowSums, Stats, moments};
 use crate::vec::{V8, load8};
+use wavefuse_shared::ln_block;
 
 /// One row group's gathered LayerNorm.
 ///
@@ -37,7 +38,7 @@ pub unsafe fn layer_norm_gather<
     n_src: u64,
     eps: f32,
 ) {
-    let (lane, row) = group_row::<L>();
+    let (lane, row) = group_row_in::<L>(ln_block(AFFINE));
     let active = row < n_out;
     // SAFETY: `idx` holds n_out entries.
     let s = unsafe { source_of_row(idx, row, n_out, n_src) };
@@ -52,7 +53,7 @@ pub unsafe fn layer_norm_gather<
         }
     }
     // Every lane of the group, active or not, joins the reductions.
-    let (st, sums) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
+    let (st, sums, precise) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
     let x_row = source_row::<W>(src, s);
     // SAFETY: where active, row < n_out and the source row is inside src.
     unsafe {
@@ -60,6 +61,7 @@ pub unsafe fn layer_norm_gather<
             &v,
             st,
             sums,
+            precise,
             x_row,
             s.is_some(),
             out.wrapping_add(row as usize * W),
@@ -96,6 +98,7 @@ pub unsafe fn store_gathered<const W: usize, const L: u32, const NV: usize, cons
     t: &[[f32; 8]; NV],
     st: Stats,
     sums: RowSums,
+    precise: bool,
     x_row: *const u16,
     has_source: bool,
     out_row: *mut u16,
@@ -111,7 +114,9 @@ pub unsafe fn store_gathered<const W: usize, const L: u32, const NV: usize, cons
         active: active && has_source,
     };
     // SAFETY: caller contract.
-    unsafe { normalise_store::<W, L, NV, AFFINE>(t, st, sums, io, gamma, beta, eps, lane) };
+    unsafe {
+        normalise_store::<W, L, NV, AFFINE>(t, st, sums, precise, io, gamma, beta, eps, lane)
+    };
     if !active || has_source {
         return;
     }

@@ -9,7 +9,8 @@
 //! spacing, half of it at least `max(2^-25, 2^-12 |y|)`):
 //!
 //! 1. **Filter**. Rows whose one-pass f64 variance is precise (`K <=
-//!    2^20`, `K` below) first get that variance's `rstd` ([`fast_stats`]):
+//!    2^20`, `K` below) get that variance's `rstd` ([`precise_stats`],
+//!    straight from the row sums, before any f32 sum of squares):
 //!    then `o_hat` is within `a |o| + c`, `a = 3.1 u`, `c = 2^-36.2` (the
 //!    offset's, the `rstd`'s and the fused multiply-add's roundings;
 //!    `|mu| rstd <= sqrt(K) <= 2^10` bounds the mean's part). For those
@@ -72,13 +73,19 @@
 //! ([`gpu::wave_any`]) because it reduces over the row group. NaN rows
 //! flag no output (every comparison is false on NaN) and infinite ones
 //! none that matters: their outputs are NaN or infinite as before.
-//! Measured cost on the H200: BENCHMARKS.md, ninth and tenth sessions.
+//! The row-precise statistics need only the f64 sums, so a wave whose
+//! rows all have them skips the f32 sum of squares and its reduction
+//! ([`super::ln_stats::moments`]); the affine LayerNorm and
+//! LayerNorm+gather entries run in small workgroups
+//! ([`wavefuse_shared::LN_AFFINE_BLOCK`]) so that these tiers' registers
+//! cost fewer resident warps. Measured cost on the H200: BENCHMARKS.md,
+//! ninth to eleventh sessions.
 use crate::gpu;
 use crate::math;
 use crate::vec::load8;
 
 use super::layer_norm::{RowIo, in_row};
-use super::ln_stats::{RowSums, Stats};
+use super::ln_stats::{Mean, RowSums, Stats};
 
 /// Tier 1's f32 constants for the fast path's own `rstd` (module docs):
 /// `2^-7.78` and `2^-16.48` rounded up by 6% and 10%.
@@ -106,27 +113,30 @@ pub fn needs_care(o_hat: f32, g: f32, z: f32) -> bool {
     math::abs(g) * math::fma(math::abs(o_hat), K1, K2) > math::abs(z)
 }
 
-/// Tier 1's statistics for one row, and whether they are row-precise:
-/// where the one-pass f64 variance is precise enough (`K <= 2^20`:
-/// relative error below `2^-28`), `rstd` is that variance's, rounded once
-/// to f32, and `o_hat` is within `3.1 u |o| + 2^-36.2` of `o` (module
-/// docs): the fast loop's f16 test applies. Other rows keep the fast
-/// path's statistics and go through [`care_bits`].
+/// Tier 1's statistics for one row when they are row-precise: where the
+/// one-pass f64 variance is precise enough (`K <= 2^20`: relative error
+/// below `2^-28`), `rstd` is that variance's, rounded once to f32, and
+/// `o_hat` is within `3.1 u |o| + 2^-36.2` of `o` (module docs): the fast
+/// loop's f16 test applies. `None` for other rows (a large offset, NaN,
+/// Inf), which take the f32 two-pass statistics and [`care_bits`]. Needs
+/// only the row sums: the f32 sum of squares of the offsets is formed only
+/// where a row of the wave returns `None`. Newton starts from the f32
+/// `rsqrt` of the one-pass variance itself, so it converges to the same
+/// f64 root as from any close seed; a variance that cancelled badly has a
+/// large `K` and is refused by the `K` test, not by convergence.
 #[inline(always)]
-pub fn fast_stats<const W: usize>(st: Stats, sums: RowSums, eps: f32) -> (Stats, bool) {
-    let (r, k, converged) = one_pass_rstd::<W>(sums, st.rstd, eps);
+pub fn precise_stats<const W: usize>(sums: RowSums, m: Mean, eps: f32) -> Option<Stats> {
+    let seed = math::rsqrt(one_pass_var::<W>(sums, eps) as f32);
+    let (r, k, converged) = one_pass_rstd::<W>(sums, seed, eps);
     if converged && k <= K_FAST {
         let rstd = r as f32;
-        (
-            Stats {
-                rstd,
-                shift: -st.mean.lo * rstd,
-                mean: st.mean,
-            },
-            true,
-        )
+        Some(Stats {
+            rstd,
+            shift: -m.lo * rstd,
+            mean: m,
+        })
     } else {
-        (st, false)
+        None
     }
 }
 
@@ -185,14 +195,20 @@ impl Precise {
 /// whether Newton converged to within 2^-30 (`K` is meaningful only then).
 #[inline(always)]
 fn one_pass_rstd<const W: usize>(sums: RowSums, rstd: f32, eps: f32) -> (f64, f64, bool) {
+    let v = one_pass_var::<W>(sums, eps);
+    let r = rsqrt_newton(rstd, v);
+    let k = sums.sq * (1.0 / W as f64) * r * r;
+    let conv = gpu::fma_f64(v * r, r, -1.0);
+    (r, k, abs64(conv) <= CONVERGED)
+}
+
+/// The one-pass f64 variance plus `eps`: `S2/W - (S/W)^2 + eps`.
+#[inline(always)]
+fn one_pass_var<const W: usize>(sums: RowSums, eps: f32) -> f64 {
     let inv_w = 1.0 / W as f64;
     let mu = sums.sum * inv_w;
     let m2 = sums.sq * inv_w;
-    let v = (m2 - mu * mu) + f64::from(eps);
-    let r = rsqrt_newton(rstd, v);
-    let k = m2 * r * r;
-    let conv = gpu::fma_f64(v * r, r, -1.0);
-    (r, k, abs64(conv) <= CONVERGED)
+    (m2 - mu * mu) + f64::from(eps)
 }
 
 /// The halves at offset `i` of an input row and of gamma and beta, as f32.
@@ -246,7 +262,7 @@ pub fn expand_flags(mut c: u32) -> u32 {
 }
 
 /// Tier 1 in f32 for the lane's outputs of a row without the row-precise
-/// `rstd` ([`fast_stats`]), from its reloaded inputs (L1): one bit per
+/// `rstd` ([`precise_stats`]), from its reloaded inputs (L1): one bit per
 /// output (`8 k + i`: vector step `k`, half `i`) that [`needs_care`].
 ///
 /// # Safety

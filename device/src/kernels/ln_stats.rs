@@ -19,7 +19,9 @@
 //! 3. `t_i = fl(x_i - hi)` in f32 ([`offsets`]); the deviations are
 //!    `t_i - lo`, never formed one by one.
 //! 4. `q = sum t_i^2` in f32 (squares fused into the adds, tree order:
-//!    [`lane_sq_sum`], then `gpu::group_sum`), variance
+//!    [`lane_sq_sum`], then `gpu::group_sum`; the affine entries form it
+//!    only for rows without row-precise statistics, see
+//!    [`super::ln_affine`]), variance
 //!    `fma(-lo, lo, q * fl(1/W))` (the offsets' mean is `lo`),
 //!    `rstd = rsqrt(variance + eps)`, `shift = fl(-lo * rstd)` ([`stats_of`]).
 //! 5. `o_i = fma(t_i, rstd, shift)`; with affine `fma(o_i, gamma_i,
@@ -256,20 +258,39 @@ pub fn stats_of<const W: usize>(q: f32, m: Mean, eps: f32) -> Stats {
 
 /// One row group's statistics: replaces `v` (the row, zeros outside it)
 /// by its [`offsets`] and returns what the output needs, with `SQ` (the
-/// affine outputs) also the sum of squares. Every lane of the group must
-/// call it (group reductions).
+/// affine outputs) also the sum of squares and whether the statistics are
+/// row-precise ([`super::ln_affine::precise_stats`]; always false without
+/// `SQ`). Every lane of the wave must call it (group reductions, and with
+/// `SQ` a wave vote).
 #[inline(always)]
 pub fn moments<const W: usize, const L: u32, const NV: usize, const SQ: bool>(
     v: &mut [[f32; 8]; NV],
     lane: usize,
     eps: f32,
-) -> (Stats, RowSums) {
+) -> (Stats, RowSums, bool) {
     let sums = row_sums::<L, NV, SQ>(v);
     let m = mean_of::<W>(sums.sum);
     offsets::<W, L, NV>(v, m.hi, lane);
+    if SQ {
+        // The affine entries: row-precise statistics from the sums where
+        // they hold (tier 1 of [`super::ln_affine`]); the f32 sum of
+        // squares of the offsets only when a row of the wave lacks them
+        // (the group reduction takes the whole wave).
+        let p = super::ln_affine::precise_stats::<W>(sums, m, eps);
+        let q = if gpu::wave_any(p.is_none()) {
+            gpu::group_sum::<L>(lane_sq_sum(v))
+        } else {
+            0.0
+        };
+        return match p {
+            Some(p) => (p, sums, true),
+            None => (stats_of::<W>(q, m, eps), sums, false),
+        };
+    }
     (
         stats_of::<W>(gpu::group_sum::<L>(lane_sq_sum(v)), m, eps),
         sums,
+        false,
     )
 }
 

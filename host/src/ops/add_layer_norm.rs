@@ -171,7 +171,7 @@ fn run(
     };
     let (Some(kernel), Some(shape)) = (
         kernel(width, affine.is_some()),
-        AddLnShape::for_width(width, c.target()),
+        AddLnShape::for_entry(width, c.target(), affine.is_some()),
     ) else {
         return Err(unsupported);
     };

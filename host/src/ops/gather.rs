@@ -226,9 +226,19 @@ type GatherKernel = for<'a, 'b, 'c> unsafe fn(
 
 /// A one-dimensional launch of `blocks` row workgroups.
 pub(crate) fn row_launch(c: &Check<'_>, rows: usize, blocks: usize) -> Result<Launch> {
+    row_launch_of(c, rows, blocks, ROW_BLOCK)
+}
+
+/// [`row_launch`] in workgroups of `block` threads.
+pub(crate) fn row_launch_of(
+    c: &Check<'_>,
+    rows: usize,
+    blocks: usize,
+    block: u32,
+) -> Result<Launch> {
     Ok(Launch {
-        grid: (c.grid(rows, blocks, ROW_BLOCK)?, 1),
-        block: ROW_BLOCK,
+        grid: (c.grid(rows, blocks, block)?, 1),
+        block,
         shared_bytes: 0,
     })
 }

@@ -17,7 +17,7 @@ use crate::device::{AsStream, Stream};
 use crate::registry::{In, Out, launch};
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_shared::layout::{LN_WIDTHS, ROW_BLOCK, RowLayout};
+use wavefuse_shared::layout::{LN_WIDTHS, RowLayout, ln_block};
 
 /// Per-column scale and shift (f16, `width` each).
 #[derive(Clone, Copy)]
@@ -117,10 +117,12 @@ pub fn layer_norm(
     if rows == 0 {
         return Ok(());
     }
-    let grid = c.grid(rows, layout.blocks_for(rows), ROW_BLOCK)?;
+    // The kernel build assumes exactly this workgroup size.
+    let block = ln_block(affine.is_some());
+    let grid = c.grid(rows, layout.blocks_for_of(rows, block), block)?;
     let l = Launch {
         grid: (grid, 1),
-        block: ROW_BLOCK,
+        block,
         shared_bytes: 0,
     };
     // SAFETY: extents, alignment and aliasing checked above.

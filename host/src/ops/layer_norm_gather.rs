@@ -7,7 +7,7 @@
 //! f16; a NaN/Inf row gives a NaN row). Padding tokens are `+0.0` (also with affine: zero, not
 //! `beta`), as PyTorch's `LN -> pad -> partition` order produces.
 use super::Check;
-use super::gather::{GatherPlan, check_plan, row_launch};
+use super::gather::{GatherPlan, check_plan, row_launch_of};
 use super::layer_norm::Affine;
 use crate::backend::Launch;
 use crate::buffer::{Span, View, ViewMut};
@@ -15,7 +15,7 @@ use crate::device::{AsStream, Stream};
 use crate::registry::{In, Out, launch};
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_shared::layout::{LN_WIDTHS, RowLayout};
+use wavefuse_shared::layout::{LN_WIDTHS, RowLayout, ln_block};
 
 type LnGatherKernel = for<'a, 'b, 'c, 'd, 'e> unsafe fn(
     &Stream,
@@ -80,7 +80,9 @@ pub fn layer_norm_gather(
     if n_out == 0 {
         return Ok(());
     }
-    let l = row_launch(&c, n_out, layout.blocks_for(n_out))?;
+    // The kernel build assumes exactly this workgroup size.
+    let block = ln_block(affine.is_some());
+    let l = row_launch_of(&c, n_out, layout.blocks_for_of(n_out, block), block)?;
     // SAFETY: the table was validated against n_src and lives as long as
     // `plan`; extents, alignment and aliasing checked above.
     unsafe {
