@@ -31,9 +31,9 @@ pub const ROW_BLOCK: u32 = 256;
 /// Threads per workgroup of the affine LayerNorm and LayerNorm+gather
 /// entries (2 warps on NVIDIA, one wave on gfx9). Their refinement tiers
 /// take registers, and a workgroup's warps hold its registers until the
-/// last one finishes: smaller workgroups keep more warps resident. On the
-/// H200, 64 threads at 56 registers were 3-8% faster than [`ROW_BLOCK`]
-/// threads at 64 (BENCHMARKS.md, eleventh session).
+/// last one finishes: smaller workgroups keep more warps resident (64
+/// threads at 56 registers against [`ROW_BLOCK`] threads at 64: faster on
+/// the H200, BENCHMARKS.md, eleventh session).
 pub const LN_AFFINE_BLOCK: u32 = 64;
 
 /// Workgroups of [`LN_AFFINE_BLOCK`] threads per SM the NVIDIA build's
@@ -128,8 +128,8 @@ impl RowLayout {
 }
 
 /// Threads per workgroup of the affine add+LayerNorm entry of width 192:
-/// at 40 registers, 128 threads keep as many warps per SM as 256 and were
-/// 5-7% faster on the H200 (BENCHMARKS.md, eleventh session).
+/// at 40 registers, 128 threads keep as many warps per SM as 256 and
+/// measured faster on the H200 (BENCHMARKS.md, eleventh session).
 pub const ADD_LN_AFFINE_192_BLOCK: u32 = 128;
 
 /// Launch shape of the add+LayerNorm kernels: the 32-lane [`RowLayout::wide`]

@@ -1,11 +1,12 @@
 """A/B timing of LayerNorm-family PTX builds in one process on one GPU.
 
-    python3 ln_ab.py NAME=PATH.ptx[@bN[+aM]] [NAME=PATH.ptx ...] [--reps N] [--rounds R]
+    python3 ln_ab.py NAME=PATH.ptx[@bN[+aM[+r2]]] [NAME=PATH.ptx ...] [--reps N] [--rounds R]
 
 `@bN`: the build's affine LayerNorm and LayerNorm+gather entries run in
 N-thread workgroups (wavefuse_shared::ln_block; 64 since the eleventh
 session, ROW_BLOCK before); `+aM`: its affine add+LayerNorm entry of width
-192 in M-thread workgroups (AddLnShape::for_entry; 128 since then). Without
+192 in M-thread workgroups (AddLnShape::for_entry; 128 since then), with
+`+r2` two rows per 32-lane group (tried in the eleventh session). Without
 them a build gets the geometry of the kernels before (b82904f's `old`).
 `@split` (the dropped branch `lay`): RowLayout::for_affine lanes.
 
@@ -143,7 +144,7 @@ def make(kind, shape, affine, dev):
         elif kind == "add_layer_norm":
             per_block, block = (2, 32) if w == 384 else (ROW_BLOCK // 32, ROW_BLOCK)
             if affine and w == 192 and hasattr(mod, "ablk"):
-                per_block, block = mod.ablk // 32, mod.ablk
+                per_block, block = mod.ablk // 32 * getattr(mod, "arows", 1), mod.ablk
             mod.launch("wf_add_layer_norm" + suffix, -(-rows // per_block), block,
                        [p(s["x"]), p(s["br"]), p(s["r"]), p(s["y"]), p(g), p(b), u64(rows),
                         ctypes.c_float(EPS)])
@@ -201,7 +202,9 @@ def main():
         if "@b" in path:
             d.blk = int(path.split("@b")[1].split("+")[0])
         if "+a" in path:
-            d.ablk = int(path.split("+a")[1])
+            d.ablk = int(path.split("+a")[1].split("+")[0])
+        if "+r2" in path:
+            d.arows = 2
         mods.append((name, d))
     print("gpu:", torch.cuda.get_device_name(), "| torch", torch.__version__)
     torch.manual_seed(0)

@@ -46,10 +46,10 @@ pub const KERNEL_FLAGS: &[&str] = &["-Cllvm-args=-unroll-threshold=1000"];
 /// are written after the entry's parameter list. The window attention
 /// without bounds took 176 registers (3 workgroups per SM); with 4 it was
 /// 1.5x faster on the H200 (BENCHMARKS.md). The affine LayerNorm entries
-/// took 64-68 registers with their refinement tiers: held to 56 in
-/// `LN_AFFINE_BLOCK`-thread workgroups (18 per SM) they were 3-8% faster
-/// than at 64 in `ROW_BLOCK` threads, which were 3-7% faster than with no
-/// bound (BENCHMARKS.md, ninth and eleventh sessions).
+/// take 64-68 registers with their refinement tiers: they are held to 56
+/// in `LN_AFFINE_BLOCK`-thread workgroups (18 per SM), the 256-thread
+/// ones to 64 (4 per SM); both measured faster than without bounds on the
+/// H200 (BENCHMARKS.md, ninth and eleventh sessions).
 pub const PTX_LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     (
         "wf_window_attention_",
