@@ -405,6 +405,87 @@ mod tests {
     use std::vec;
     use std::vec::Vec;
 
+    /// The f64 sums of a row of halves, as the kernels form them.
+    fn sums_of(x: &[f32]) -> RowSums {
+        let (mut sum, mut sq) = (0.0f64, 0.0f64);
+        for &v in x {
+            let v = f64::from(v);
+            sum += v;
+            sq = v.mul_add(v, sq);
+        }
+        RowSums { sum, sq }
+    }
+
+    #[test]
+    fn precise_stats_are_precise_or_refused() {
+        // Rows of 192 halves with offsets from 0 to 60000 and spreads from
+        // 2^-6 to 2^6, plus sparse outliers: where the exact K is at most
+        // 2^19 the row-precise rstd must be within 2^-23 of the exact one
+        // (one f32 rounding of a converged f64 root); where it is at least
+        // 2^21 the row must be refused. Between the two either is fine.
+        const W: usize = 192;
+        let eps = 1e-5f32;
+        let mut s = 0x9e37_79b9u32;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            f64::from(s) / f64::from(u32::MAX)
+        };
+        let (mut kept, mut refused) = (0, 0);
+        for case in 0..3000 {
+            let offset = [0.0, 1.0, 100.0, 2048.0, 30000.0, 60000.0][case % 6];
+            let spread = 2f64.powi((case / 6 % 13) as i32 - 6);
+            let outliers = case % 5 == 0;
+            let x: Vec<f32> = (0..W)
+                .map(|i| {
+                    let d = if outliers {
+                        if i % 61 == 0 { spread } else { 0.0 }
+                    } else {
+                        (rnd() - 0.5) * 2.0 * spread
+                    };
+                    gpu::h2f(gpu::f2h((offset + d) as f32))
+                })
+                .collect();
+            let sums = sums_of(&x);
+            let m = super::super::ln_stats::mean_of::<W>(sums.sum);
+            let mu = x.iter().map(|&v| f64::from(v)).sum::<f64>() / W as f64;
+            let var = x.iter().map(|&v| (f64::from(v) - mu).powi(2)).sum::<f64>() / W as f64;
+            let k = (var + mu * mu) / (var + f64::from(eps));
+            let exact = 1.0 / (var + f64::from(eps)).sqrt();
+            match precise_stats::<W>(sums, m, eps) {
+                Some(st) => {
+                    assert!(k < 2f64.powi(21), "case {case}: K = 2^{} kept", k.log2());
+                    let rel = (f64::from(st.rstd) - exact).abs() / exact;
+                    assert!(
+                        rel <= 2f64.powi(-23),
+                        "case {case}: rstd off by 2^{}",
+                        rel.log2()
+                    );
+                    assert_eq!(st.mean.hi, m.hi);
+                    kept += 1;
+                }
+                None => {
+                    assert!(k > 2f64.powi(19), "case {case}: K = 2^{} refused", k.log2());
+                    refused += 1;
+                }
+            }
+        }
+        // Both kinds were drawn.
+        assert!(
+            kept > 1000 && refused > 100,
+            "kept {kept} refused {refused}"
+        );
+        // A constant row with eps 0 has no rstd; NaN and Inf sums none.
+        let c = sums_of(&[3.0; W]);
+        assert!(precise_stats::<W>(c, super::super::ln_stats::mean_of::<W>(c.sum), 0.0).is_none());
+        for bad in [f64::NAN, f64::INFINITY] {
+            let b = RowSums { sum: bad, sq: bad };
+            let m = super::super::ln_stats::mean_of::<W>(bad);
+            assert!(precise_stats::<W>(b, m, eps).is_none());
+        }
+    }
+
     #[test]
     fn f16_filter_constants_meet_the_bound() {
         // Q = a (1 + 2^-10) + a / KH_BETA + c / KH_GAMMA <= 2^-12.5 (module
