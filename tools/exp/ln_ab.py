@@ -8,7 +8,6 @@ session, ROW_BLOCK before); `+aM`: its affine add+LayerNorm entry of width
 192 in M-thread workgroups (AddLnShape::for_entry; 128 since then), with
 `+r2` two rows per 32-lane group (tried in the eleventh session). Without
 them a build gets the geometry of the kernels before (b82904f's `old`).
-`@split` (the dropped branch `lay`): RowLayout::for_affine lanes.
 
 Every build's kernels run on the same tensors (input sets rotated past the
 L2), interleaved build by build and round by round; each timing is the
@@ -35,8 +34,6 @@ sys.path[:0] = [here, os.path.join(here, "..", "..", "benches")]
 from wf_launch import ROW_BLOCK, Driver  # noqa: E402
 
 LANES = {192: 8, 384: 16, 768: 32}
-# RowLayout::for_affine: the affine LayerNorm and LayerNorm+gather entries.
-LANES_AFFINE = {192: 16, 384: 32, 768: 32}
 EPS = 1e-5
 L2_BYTES = 50 << 20
 # Set by --affine-all: affine cases of every family and width.
@@ -133,9 +130,7 @@ def make(kind, shape, affine, dev):
     suffix = ("_affine" if affine else "") + f"_{w}"
 
     def launch(mod, s):
-        # Builds marked @split use RowLayout::for_affine for these entries.
-        split = getattr(mod, "split", False) and affine and kind in ("layer_norm", "layer_norm_gather")
-        lanes = (LANES_AFFINE if split else LANES)[w]
+        lanes = LANES[w]
         # Builds marked @b128 launch these entries in 128-thread workgroups.
         blk = getattr(mod, "blk", ROW_BLOCK) if affine and kind in ("layer_norm", "layer_norm_gather") else ROW_BLOCK
         if kind == "layer_norm":
@@ -196,9 +191,7 @@ def main():
     mods = []
     for spec in a.builds:
         name, path = spec.split("=", 1)
-        split = path.endswith("@split")
         d = Driver(path.split("@")[0])
-        d.split = split
         if "@b" in path:
             d.blk = int(path.split("@b")[1].split("+")[0])
         if "+a" in path:

@@ -120,7 +120,7 @@ pub unsafe fn add_layer_norm<
     };
     let mut mean = [Mean { hi: 0.0, lo: 0.0 }; R];
     let mut pst = [None; R];
-    let mut need = !AFFINE;
+    let mut need = false;
     for r in 0..R {
         mean[r] = mean_of::<W>(sums[r]);
         offsets::<W, L, NV>(&mut v[r], mean[r].hi, lane);

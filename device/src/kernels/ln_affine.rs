@@ -126,8 +126,8 @@ pub fn needs_care(o_hat: f32, g: f32, z: f32) -> bool {
 /// large `K` and is refused by the `K` test, not by convergence.
 #[inline(always)]
 pub fn precise_stats<const W: usize>(sums: RowSums, m: Mean, eps: f32) -> Option<Stats> {
-    let seed = math::rsqrt(one_pass_var::<W>(sums, eps) as f32);
-    let (r, k, converged) = one_pass_rstd::<W>(sums, seed, eps);
+    let v = one_pass_var::<W>(sums, eps);
+    let (r, k, converged) = newton_rstd::<W>(v, sums.sq, math::rsqrt(v as f32));
     if converged && k <= K_FAST {
         let rstd = r as f32;
         Some(Stats {
@@ -195,9 +195,15 @@ impl Precise {
 /// whether Newton converged to within 2^-30 (`K` is meaningful only then).
 #[inline(always)]
 fn one_pass_rstd<const W: usize>(sums: RowSums, rstd: f32, eps: f32) -> (f64, f64, bool) {
-    let v = one_pass_var::<W>(sums, eps);
-    let r = rsqrt_newton(rstd, v);
-    let k = sums.sq * (1.0 / W as f64) * r * r;
+    newton_rstd::<W>(one_pass_var::<W>(sums, eps), sums.sq, rstd)
+}
+
+/// [`one_pass_rstd`] from the variance plus `eps` (`v`), the sum of
+/// squares `sq` and the f32 seed.
+#[inline(always)]
+fn newton_rstd<const W: usize>(v: f64, sq: f64, seed: f32) -> (f64, f64, bool) {
+    let r = rsqrt_newton(seed, v);
+    let k = sq * (1.0 / W as f64) * r * r;
     let conv = gpu::fma_f64(v * r, r, -1.0);
     (r, k, abs64(conv) <= CONVERGED)
 }
