@@ -395,15 +395,17 @@ fn rejects_tokens_other_than_144() {
 }
 
 #[test]
-fn rejects_zero_heads_and_non_finite_scale() {
+fn rejects_zero_heads_and_scales_out_of_range() {
     reject(WindowAttention::new(0), |e| {
         matches!(e, Error::BadParameter { what: "heads", .. })
     });
-    let mut p = WindowAttention::new(1);
-    p.scale = f32::NAN;
-    reject(p, |e| {
-        matches!(e, Error::BadParameter { what: "scale", .. })
-    });
+    for scale in [f32::NAN, f32::INFINITY, 0.0, -0.125, 2e-5, 8.5] {
+        let mut p = WindowAttention::new(1);
+        p.scale = scale;
+        reject(p, |e| {
+            matches!(e, Error::BadParameter { what: "scale", .. })
+        });
+    }
 }
 
 #[test]

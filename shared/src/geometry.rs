@@ -37,6 +37,14 @@ pub const ATTN_HEAD_DIM: u32 = 32;
 /// Window attention: the mask value between tokens of different regions of
 /// a shifted window (Swin's and Pangu's `-100`, not `-inf`).
 pub const ATTN_MASK_NEG: f32 = -100.0;
+/// Window attention: the smallest `scale` with a kernel (2^-14): the
+/// kernel multiplies the bias by `1 / scale` on the matrix unit as two f16
+/// parts, which need `1 / scale` within f16's range.
+pub const ATTN_SCALE_MIN: f32 = 1.0 / 16384.0;
+/// Window attention: the largest `scale` with a kernel (8): up to it the
+/// two f16 parts of `1 / scale` are within `2^-22` of it (module docs of
+/// the host op).
+pub const ATTN_SCALE_MAX: f32 = 8.0;
 /// Window attention: waves per workgroup (one workgroup per window and
 /// head; wave `w` takes the 16-row query strips `w, w + 3, w + 6`).
 pub const ATTN_WAVES: u32 = 3;
@@ -44,10 +52,16 @@ pub const ATTN_WAVES: u32 = 3;
 /// (halves): 32 + 8 of padding, so the eight 16-byte rows one `ldmatrix`
 /// phase reads (80 bytes apart) fall in distinct bank groups.
 pub const ATTN_LDS_STRIDE: u32 = 40;
+/// Window attention: row stride of each wave's bias strip buffer in
+/// workgroup memory (halves): 144 + 8 of padding, so the eight 16-byte
+/// rows one transposed `ldmatrix` phase reads (304 bytes apart) fall in
+/// distinct bank groups.
+pub const ATTN_BIAS_STRIDE: u32 = 152;
 /// Window attention: byte offset of the window's 144 region labels (i32)
 /// in workgroup memory, after the q, k and v tiles and each wave's bias
-/// strip buffer (16 rows of 144 halves, unpadded).
-pub const ATTN_LABEL_OFFSET: u32 = 3 * ATTN_T * ATTN_LDS_STRIDE * 2 + ATTN_WAVES * 16 * ATTN_T * 2;
+/// strip buffer (16 rows of [`ATTN_BIAS_STRIDE`] halves).
+pub const ATTN_LABEL_OFFSET: u32 =
+    3 * ATTN_T * ATTN_LDS_STRIDE * 2 + ATTN_WAVES * 16 * ATTN_BIAS_STRIDE * 2;
 /// Window attention: workgroup memory per workgroup (bytes): the q, k and
 /// v tiles of one window and head, each wave's bias strip buffer, the
 /// window's labels. 48,960 bytes: within gfx9's 64 KiB and within the

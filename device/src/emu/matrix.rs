@@ -1,5 +1,6 @@
-//! Wave-wide matrix instructions: NVIDIA's warp `mma.sync.m16n8k16` (f16
-//! inputs, f32 accumulate) in wave32 and AMD's wavefront
+//! Wave-wide matrix instructions: NVIDIA's warp `mma.sync.m16n8k16` and
+//! `mma.sync.m16n8k8` (f16 inputs, f32 accumulate) in wave32 and AMD's
+//! wavefront
 //! `v_mfma_f32_16x16x16f16` in wave64.
 //!
 //! Each lane suspends with its operand registers; when the whole wave is
@@ -24,6 +25,9 @@ pub enum MatrixOp {
     /// NVIDIA `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (warp of
     /// 32): A 16x16 in `a[0..4]`, B 16x8 in `b[0..2]`, C/D 16x8 in `c`.
     Mma16816,
+    /// NVIDIA `mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32` (warp of
+    /// 32): A 16x8 in `a[0..2]`, B 8x8 in `b[0]`, C/D 16x8 in `c`.
+    Mma1688,
     /// AMD CDNA2/CDNA3 `v_mfma_f32_16x16x16f16` (wavefront of 64): A 16x16
     /// in `a[0..2]`, B 16x16 in `b[0..2]`, C/D 16x16 in `c`.
     Mfma16x16x16,
@@ -33,7 +37,7 @@ impl MatrixOp {
     /// Lanes of the wave that executes it.
     pub const fn lanes(self) -> u32 {
         match self {
-            MatrixOp::Mma16816 => 32,
+            MatrixOp::Mma16816 | MatrixOp::Mma1688 => 32,
             MatrixOp::Mfma16x16x16 => 64,
         }
     }
@@ -103,6 +107,23 @@ mod ptx {
     }
 }
 
+/// PTX ISA, "Matrix Fragments for mma.m16n8k8" (`.f16` A/B, `.f32`
+/// C/D): A 16x8 in two `.f16x2` registers, B 8x8 in one; C/D as for
+/// m16n8k16 ([`ptx::c`]).
+mod ptx8 {
+    /// (row, col) of A element `a_i` (i < 4).
+    pub fn a(lane: usize, i: usize) -> (usize, usize) {
+        let (g, t) = (lane >> 2, lane % 4);
+        (if i < 2 { g } else { g + 8 }, t * 2 + (i & 1))
+    }
+
+    /// (row, col) of B element `b_i` (i < 2).
+    pub fn b(lane: usize, i: usize) -> (usize, usize) {
+        let (g, t) = (lane >> 2, lane % 4);
+        (t * 2 + (i & 1), g)
+    }
+}
+
 /// AMD Matrix Instruction Calculator (ROCm/amd_matrix_instruction_calculator),
 /// `v_mfma_f32_16x16x16f16` on CDNA2 (gfx90a) and `v_mfma_f32_16x16x16_f16`
 /// on CDNA3 (gfx942), one block, no CBSZ/ABID/BLGP: `A[i][k]` and `B[k][j]`
@@ -149,6 +170,21 @@ pub(crate) fn resolve(op: MatrixOp, regs: &mut [MatrixRegs]) {
             }
             8
         }
+        MatrixOp::Mma1688 => {
+            for (lane, r) in regs.iter().enumerate() {
+                for i in 0..4 {
+                    let (row, col) = ptx8::a(lane, i);
+                    a[row][col] = half(&r.a, i);
+                    let (row, col) = ptx::c(lane, i);
+                    c[row][col] = f64::from(r.c[i]);
+                }
+                for i in 0..2 {
+                    let (row, col) = ptx8::b(lane, i);
+                    b[row][col] = half(&r.b, i);
+                }
+            }
+            8
+        }
         MatrixOp::Mfma16x16x16 => {
             for (lane, r) in regs.iter().enumerate() {
                 for x in 0..4 {
@@ -176,7 +212,7 @@ pub(crate) fn resolve(op: MatrixOp, regs: &mut [MatrixRegs]) {
     for (lane, r) in regs.iter_mut().enumerate() {
         for x in 0..4 {
             let (i, j) = match op {
-                MatrixOp::Mma16816 => ptx::c(lane, x),
+                MatrixOp::Mma16816 | MatrixOp::Mma1688 => ptx::c(lane, x),
                 MatrixOp::Mfma16x16x16 => cdna::c(lane, x),
             };
             r.c[x] = d[i][j];

@@ -190,6 +190,18 @@ pub fn mma_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
     regs.c
 }
 
+/// `mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32`, emulated.
+#[inline(always)]
+pub fn mma_m16n8k8(a: [u32; 2], b: u32, c: [f32; 4]) -> [f32; 4] {
+    let mut regs = emu::MatrixRegs {
+        a: [a[0], a[1], 0, 0],
+        b: [b, 0],
+        c,
+    };
+    emu::run_matrix(emu::MatrixOp::Mma1688, &mut regs);
+    regs.c
+}
+
 /// `v_mfma_f32_16x16x16f16`, emulated.
 #[inline(always)]
 pub fn mfma_16x16x16_f16(a: [u32; 2], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {

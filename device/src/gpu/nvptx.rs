@@ -248,6 +248,8 @@ unsafe extern "unadjusted" {
         c2: f32,
         c3: f32,
     ) -> F4;
+    #[link_name = "llvm.nvvm.mma.m16n8k8.row.col.f32.f32"]
+    fn mma_m16n8k8_f32(a0: H2, a1: H2, b0: H2, c0: f32, c1: f32, c2: f32, c3: f32) -> F4;
 }
 
 /// The 32-bit shared-window address of `p`, which points into workgroup
@@ -313,6 +315,18 @@ ldmatrix!(
     ldmatrix_x4_trans,
     "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
 );
+
+#[inline(always)]
+pub fn mma_m16n8k8(a: [u32; 2], b: u32, c: [f32; 4]) -> [f32; 4] {
+    let h = |w: u32| {
+        // SAFETY: H2 and u32 are both 4 bytes.
+        unsafe { core::mem::transmute::<u32, H2>(w) }
+    };
+    // SAFETY: register-only arithmetic; the whole warp executes it (facade
+    // contract).
+    let d = unsafe { mma_m16n8k8_f32(h(a[0]), h(a[1]), h(b), c[0], c[1], c[2], c[3]) };
+    [d.0, d.1, d.2, d.3]
+}
 
 #[inline(always)]
 pub fn mma_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {

@@ -67,15 +67,17 @@
 //! writes `.maxntid 96` and `.minnctapersm 4` into the PTX): without them
 //! ptxas took 176 registers and 3 workgroups fit an SM.
 use crate::gpu::mma::{MAX_ROWS, MatrixKernel, Mma};
-use crate::gpu::{self, pack2, widen2};
+use crate::gpu::{self, pack2};
 use crate::vec::{V8, load8_bits, store8_bits};
 use wavefuse_shared::geometry::{
-    ATTN_HEAD_DIM, ATTN_LABEL_OFFSET, ATTN_LDS_STRIDE, ATTN_MASK_NEG, ATTN_T, ATTN_WAVES,
+    ATTN_BIAS_STRIDE, ATTN_HEAD_DIM, ATTN_LABEL_OFFSET, ATTN_LDS_STRIDE, ATTN_MASK_NEG, ATTN_T,
+    ATTN_WAVES,
 };
 
 const T: usize = ATTN_T as usize;
 const D: usize = ATTN_HEAD_DIM as usize;
 const LS: usize = ATTN_LDS_STRIDE as usize;
+const BS: usize = ATTN_BIAS_STRIDE as usize;
 /// 16-row query strips (and 16-key tiles) per window.
 const STRIPS: usize = T / 16;
 /// 16-byte vectors of q, k and v per thread: 18 for three warps of 32 (9
@@ -226,30 +228,36 @@ fn one_region(lab: *const i32) -> bool {
 }
 
 /// Starts copying the bias rows of query strip `strip` to this wave's
-/// buffer `buf`: 16 rows of 144 halves, contiguous in the tile and in the
-/// buffer (4,608 bytes, 16-byte pieces spread over the wave). Unpadded
-/// rows (72 words, 8 banks apart) keep the strip's quad-order 8-byte reads
-/// free of bank conflicts by the bank arithmetic (not profiled): the 16
-/// lanes of one phase read rows `g..g + 4` at words `2t, 2t + 1` of a
-/// 16-column tile, 32 distinct banks.
+/// buffer `buf`: 16 rows of 144 halves (4,608 bytes, 16-byte pieces
+/// spread over the wave), rows [`BS`] halves apart in the buffer.
 ///
 /// # Safety
-/// `bp` the (type, head) bias tile, `buf` 16 x 144 halves of workgroup
+/// `bp` the (type, head) bias tile, `buf` 16 x [`BS`] halves of workgroup
 /// memory; both 16-byte aligned.
 #[inline(always)]
 unsafe fn prefetch_bias(bp: *const u16, buf: *mut u16, strip: usize) {
-    const PIECES: usize = 16 * T / 8;
+    const ROW: usize = T / 8;
+    const PIECES: usize = 16 * ROW;
     let ws = gpu::wave_size() as usize;
     let src = bp.wrapping_add(16 * strip * T);
     let lane = gpu::thread_id() as usize % ws;
-    // A fixed trip count (9 pieces per lane of a warp, 4 or 5 per lane of
-    // a wave64): a bounded loop on `c` kept a compare and branch per piece.
+    // Piece c is row c / 18, column 8 (c % 18); the lane's pieces step by
+    // the wave size, so row and column advance by constants (no division
+    // per piece).
+    let (mut row, mut col) = (lane / ROW, lane % ROW);
+    let (drow, dcol) = (ws / ROW, ws % ROW);
     for j in 0..PIECES.div_ceil(ws) {
         let c = lane + j * ws;
         if c < PIECES {
-            // SAFETY: piece c of the strip's rows (row 16 strip + c / 18 <
+            // SAFETY: piece c of the strip's rows (row 16 strip + row <
             // 144 of the tile) and of the buffer.
-            unsafe { gpu::copy_to_workgroup(buf.add(8 * c), src.add(8 * c)) };
+            unsafe { gpu::copy_to_workgroup(buf.add(row * BS + 8 * col), src.add(8 * c)) };
+        }
+        row += drow;
+        col += dcol;
+        if col >= ROW {
+            col -= ROW;
+            row += 1;
         }
         // One piece at a time on AMD, where the copy passes through
         // registers (all pieces' loads hoisted spilled on gfx908).
@@ -275,6 +283,230 @@ struct Tiles {
     labels: *const i32,
 }
 
+/// The scale's constants: `1 / scale` as two f16 diagonals for the
+/// matrix unit ([`Mma::add_scaled`]), `scale log2 e` for the exponent and
+/// the mask value in units of `1 / scale`.
+#[derive(Clone, Copy)]
+struct Scale<M: Mma> {
+    dhi: M::D,
+    dlo: M::D,
+    c: f32,
+    mneg: f32,
+}
+
+impl<M: Mma> Scale<M> {
+    #[inline(always)]
+    fn of(scale: f32) -> Self {
+        let inv = 1.0 / scale;
+        let dh = gpu::f2h(inv);
+        let dl = gpu::f2h(inv - gpu::h2f(dh));
+        Scale {
+            dhi: M::diag(dh),
+            dlo: M::diag(dl),
+            c: scale * core::f32::consts::LOG2_E,
+            mneg: ATTN_MASK_NEG * inv,
+        }
+    }
+}
+
+/// The label of key `j` and the lane's rows' labels: whether row slot `r`
+/// and key `j` lie in one region.
+///
+/// # Safety
+/// `labels` valid for 144 entries, `j < 144`.
+#[inline(always)]
+unsafe fn same_region(labels: *const i32, j: usize, lrow: i32) -> bool {
+    // SAFETY: caller contract.
+    unsafe { labels.add(j).read() == lrow }
+}
+
+/// The strip's q operands (key dimensions 0..16 and 16..32) and, with
+/// labels, the labels of the lane's rows.
+///
+/// # Safety
+/// The staged q tile and labels; `r0 + 16 <= 144`.
+#[inline(always)]
+unsafe fn strip_rows<M: Mma, const MODE: u8>(
+    l: Tiles,
+    r0: usize,
+) -> ((M::A, M::A), [i32; MAX_ROWS]) {
+    // SAFETY: rows r0..r0 + 16 of the q tile (16-byte aligned rows of LS
+    // halves in workgroup memory).
+    let q = unsafe {
+        (
+            M::load_a(l.q.add(r0 * LS), LS),
+            M::load_a(l.q.add(r0 * LS + 16), LS),
+        )
+    };
+    let mut lrow = [0i32; MAX_ROWS];
+    if MODE == LABELS {
+        for (r, lr) in lrow.iter_mut().enumerate().take(M::ROWS) {
+            // SAFETY: row r0 + slot_row(r) < 144 of the labels.
+            *lr = unsafe { l.labels.add(r0 + M::slot_row(r) as usize).read() };
+        }
+    }
+    (q, lrow)
+}
+
+/// The strip's weights from its scores in `s` (in place) and each row's
+/// `1 / sum`: `e = 2^(fma(x, c, -max_x c))`, the sum of the lane's `e`
+/// (per tile a pairwise sum of its four weights, then a chain over the
+/// tiles: 9 dependent adds, not 36), reduced over the row.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+fn softmax<M: Mma>(
+    s: &mut [M::Acc; STRIPS],
+    mx: [f32; MAX_ROWS],
+    c: f32,
+) -> ([M::A; STRIPS], [f32; MAX_ROWS]) {
+    let mut neg_ml = [0.0f32; MAX_ROWS];
+    for r in 0..M::ROWS {
+        neg_ml[r] = -(M::row_max(mx[r]) * c);
+    }
+    let mut sum = [0.0f32; MAX_ROWS];
+    let mut p = [M::to_a(M::zero()); STRIPS];
+    crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+        let acc = s[n].as_mut();
+        let mut et = [[0.0f32; 4]; MAX_ROWS];
+        for e in 0..M::ACC_LEN {
+            let r = M::acc_slot(e);
+            let x = gpu::exp2_approx(gpu::fma(acc[e], c, neg_ml[r]));
+            acc[e] = x;
+            et[r][M::quad_pos(e)] = x;
+        }
+        for r in 0..M::ROWS {
+            sum[r] += (et[r][0] + et[r][1]) + (et[r][2] + et[r][3]);
+        }
+        p[n] = M::to_a(s[n]);
+    });
+    let mut inv = [0.0f32; MAX_ROWS];
+    for r in 0..M::ROWS {
+        inv[r] = 1.0 / M::row_sum(sum[r]);
+    }
+    (p, inv)
+}
+
+/// The strip the exact way, for a strip whose fast path met a non-finite
+/// score (an infinite or NaN bias, whose zero products on the matrix unit
+/// spread NaN over its row of the tile, or NaN / infinite inputs): `z =
+/// fma(s, scale, bias) + mask` per element in f32 from the unbiased
+/// scores and the bias read from memory (the strip buffer already holds
+/// the next strip), so `-inf` entries get weight 0 and a row is NaN only
+/// where PyTorch's is. Two passes over the keys (the max, then the
+/// weights and `P V`), so that no tile's scores stay live: this path must
+/// not raise the kernel's register peak. Returns `P V` and each row's `1 /
+/// sum`.
+///
+/// # Safety
+/// `bias` the strip's 16 rows of the (type, head) tile; the tiles as for
+/// [`strips`].
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn exact_strip<M: Mma, const MODE: u8>(
+    l: Tiles,
+    r0: usize,
+    bias: *const u16,
+    scale: f32,
+) -> (M::Acc, M::Acc, [f32; MAX_ROWS]) {
+    const L2E: f32 = core::f32::consts::LOG2_E;
+    // Read again rather than kept live through the fast path's softmax.
+    // SAFETY: the staged q rows and labels of the strip (caller contract).
+    let (q, lrow) = unsafe { strip_rows::<M, MODE>(l, r0) };
+    // Tile n's z in place of its scores.
+    let z_of = |n: usize| {
+        // SAFETY: the staged k tile (caller contract).
+        let (k0, k1) = unsafe {
+            let p = l.k.add(16 * n * LS);
+            (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS))
+        };
+        let mut s = M::mma(q.1, k1, M::mma(q.0, k0, M::zero()));
+        let acc = s.as_mut();
+        for e in 0..M::ACC_LEN {
+            let r = M::acc_slot(e);
+            let (i, j) = (M::acc_row(e) as usize, 16 * n + M::acc_col(e) as usize);
+            // SAFETY: (i, j) inside the strip's rows (caller contract).
+            let b = gpu::h2f(unsafe { bias.add(i * T + j).read() });
+            let mut z = gpu::fma(acc[e], scale, b);
+            // SAFETY: j < 144.
+            if MODE == LABELS && !unsafe { same_region(l.labels, j, lrow[r]) } {
+                z += ATTN_MASK_NEG;
+            }
+            acc[e] = z;
+        }
+        s
+    };
+    let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
+    for n in 0..STRIPS {
+        let s = z_of(n);
+        for e in 0..M::ACC_LEN {
+            let r = M::acc_slot(e);
+            mx[r] = mx[r].max(s.as_ref()[e]);
+        }
+    }
+    let mut neg_ml = [0.0f32; MAX_ROWS];
+    for r in 0..M::ROWS {
+        neg_ml[r] = -(M::row_max(mx[r]) * L2E);
+    }
+    let mut sum = [0.0f32; MAX_ROWS];
+    let (mut o0, mut o1) = (M::zero(), M::zero());
+    for n in 0..STRIPS {
+        let mut s = z_of(n);
+        let acc = s.as_mut();
+        for e in 0..M::ACC_LEN {
+            let r = M::acc_slot(e);
+            acc[e] = gpu::exp2_approx(gpu::fma(acc[e], L2E, neg_ml[r]));
+            sum[r] += acc[e];
+        }
+        // SAFETY: the staged v tile (caller contract).
+        let (v0, v1) = unsafe {
+            let p = l.v.add(16 * n * LS);
+            (M::load_b(p, LS), M::load_b(p.add(16), LS))
+        };
+        let p = M::to_a(s);
+        o0 = M::mma(p, v0, o0);
+        o1 = M::mma(p, v1, o1);
+    }
+    let mut inv = [0.0f32; MAX_ROWS];
+    for r in 0..M::ROWS {
+        inv[r] = 1.0 / M::row_sum(sum[r]);
+    }
+    (o0, o1, inv)
+}
+
+/// Writes the strip's output rows `f16(o * inv)` (token `w * 144 + r0 +
+/// i`, channels `h * 32..`).
+#[inline(always)]
+fn store_rows<M: Mma>(
+    a: &Args,
+    w: usize,
+    h: usize,
+    r0: usize,
+    o0: M::Acc,
+    o1: M::Acc,
+    inv: [f32; MAX_ROWS],
+) {
+    let ch = a.heads as usize * D;
+    for (half, o) in [o0, o1].iter().enumerate() {
+        let o = o.as_ref();
+        let mut e = 0;
+        while e < M::ACC_LEN {
+            let i = r0 + M::acc_row(e) as usize;
+            let d = 16 * half + M::acc_col(e) as usize;
+            let r = M::acc_slot(e);
+            let pair = pack2(o[e] * inv[r], o[e + 1] * inv[r]);
+            // SAFETY: token (w, i), channel h * 32 + d of the output
+            // (caller); d even, so 4-byte aligned.
+            unsafe {
+                a.out
+                    .add((w * T + i) * ch + h * D + d)
+                    .cast::<u32>()
+                    .write(pair)
+            };
+            e += 2;
+        }
+    }
+}
+
 /// The wave's query strips `wave, wave + 3, ..` of window `w`, head `h`:
 /// scores, softmax, `P V`, the output rows. The first strip's bias rows
 /// are in flight to `l.buf` (and every wave passed the barrier after the
@@ -282,13 +514,8 @@ struct Tiles {
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
 fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: usize) {
-    const L2E: f32 = core::f32::consts::LOG2_E;
-    let ch = a.heads as usize * D;
-    // A lane holds four elements of each of its rows per tile, in four
-    // consecutive columns from `qc` (quad order: the k and v tiles are read
-    // with the `_quads` loads).
-    const { assert!(M::ACC_LEN / M::ROWS == 4) };
-    let qc = M::quad_col() as usize;
+    let k = Scale::<M>::of(a.scale);
+    let mut redo = 0u32;
     let mut strip = wave;
     while strip < STRIPS {
         let r0 = 16 * strip;
@@ -297,55 +524,36 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
         gpu::wave_barrier();
         // SAFETY: every tile read below lies in the staged q, k, v (16-byte
         // aligned rows of LS halves in workgroup memory).
-        let (q0, q1) = unsafe {
-            (
-                M::load_a(l.q.add(r0 * LS), LS),
-                M::load_a(l.q.add(r0 * LS + 16), LS),
-            )
-        };
-        let mut lrow = [0i32; MAX_ROWS];
-        if MODE == LABELS {
-            for r in 0..M::ROWS {
-                // SAFETY: row r0 + slot_row(r) < 144 of the labels.
-                lrow[r] = unsafe { l.labels.add(r0 + M::slot_row(r) as usize).read() };
-            }
-        }
-        // Per 16-key tile: the scores, then z in place, and the max of each
-        // of the lane's rows (one chain: trees over the z, per tile or per
-        // strip, spilled on gfx908).
+        let (q, lrow) = unsafe { strip_rows::<M, MODE>(l, r0) };
+        // Per 16-key tile, in units of 1 / scale: the bias times the two
+        // diagonals, then q . k, on the matrix unit; the mask added; the
+        // max of each of the lane's rows (one chain).
         let mut s = [M::zero(); STRIPS];
         let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
         crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-            // SAFETY: as above.
-            let (k0, k1) = unsafe {
+            // SAFETY: as above; the bias tile is rows 0..16, columns
+            // 16n..16n + 16 of the wave's buffer.
+            let (k0, k1, bt) = unsafe {
                 let p = l.k.add(16 * n * LS);
-                (M::load_b_t_quads(p, LS), M::load_b_t_quads(p.add(16), LS))
+                (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS), M::load_a(l.buf.add(16 * n), BS))
             };
-            s[n] = M::mma(q1, k1, M::mma(q0, k0, M::zero()));
+            let acc = M::add_scaled(bt, k.dlo, M::add_scaled(bt, k.dhi, M::zero()));
+            s[n] = M::mma(q.1, k1, M::mma(q.0, k0, acc));
             let acc = s[n].as_mut();
             let mut e = 0;
             while e < M::ACC_LEN {
                 let r = M::acc_slot(e);
-                // Keys j, j + 1 of the lane's row i (quad order).
-                let i = M::acc_row(e) as usize;
-                let j = 16 * n + qc + M::quad_pos(e);
-                // SAFETY: (i, j..j + 2) lies in the buffered bias strip; j is
-                // even, so the pair is 4-byte aligned.
-                let b = widen2(unsafe { l.buf.add(i * T + j).cast::<u32>().read() });
-                for x in 0..2 {
-                    // The mask as a selected addend (adding 0 leaves z as it
-                    // is; a conditional add of -100 spilled on gfx908).
-                    let z = if MODE == LABELS {
+                if MODE == LABELS {
+                    let j = 16 * n + M::acc_col(e) as usize;
+                    for x in 0..2 {
+                        // The mask as a selected addend (adding 0 leaves the
+                        // score as it is; a conditional add spilled on gfx908).
                         // SAFETY: j + x < 144.
-                        let lc = unsafe { l.labels.add(j + x).read() };
-                        let m = if lc == lrow[r] { 0.0 } else { ATTN_MASK_NEG };
-                        gpu::fma(acc[e + x], a.scale, b[x]) + m
-                    } else {
-                        gpu::fma(acc[e + x], a.scale, b[x])
-                    };
-                    acc[e + x] = z;
-                    mx[r] = mx[r].max(z);
+                        let same = unsafe { same_region(l.labels, j + x, lrow[r]) };
+                        acc[e + x] += if same { 0.0 } else { k.mneg };
+                    }
                 }
+                mx[r] = mx[r].max(acc[e]).max(acc[e + 1]);
                 e += 2;
             }
             if MODE == LABELS {
@@ -361,33 +569,14 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             // SAFETY: as for the first strip.
             unsafe { prefetch_bias(l.bias, l.buf, strip + ATTN_WAVES as usize) };
         }
-        let mut neg_ml = [0.0f32; MAX_ROWS];
+        let (p, inv) = softmax::<M>(&mut s, mx, k.c);
+        // A NaN sum: some score of the row was not finite; the strip is
+        // done again the exact way after the others (module docs).
+        let mut bad = false;
         for r in 0..M::ROWS {
-            neg_ml[r] = -(M::row_max(mx[r]) * L2E);
+            bad |= inv[r].is_nan();
         }
-        // The lane's part of each row sum: per tile a pairwise sum of its
-        // four weights, then a chain over the tiles (9 dependent adds, not
-        // 36).
-        let mut sum = [0.0f32; MAX_ROWS];
-        let mut p = [M::to_a(M::zero()); STRIPS];
-        crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-            let acc = s[n].as_mut();
-            let mut et = [[0.0f32; 4]; MAX_ROWS];
-            for e in 0..M::ACC_LEN {
-                let r = M::acc_slot(e);
-                let x = gpu::exp2_approx(gpu::fma(acc[e], L2E, neg_ml[r]));
-                acc[e] = x;
-                et[r][M::quad_pos(e)] = x;
-            }
-            for r in 0..M::ROWS {
-                sum[r] += (et[r][0] + et[r][1]) + (et[r][2] + et[r][3]);
-            }
-            p[n] = M::to_a(s[n]);
-        });
-        let mut inv = [0.0f32; MAX_ROWS];
-        for r in 0..M::ROWS {
-            inv[r] = 1.0 / M::row_sum(sum[r]);
-        }
+        redo |= u32::from(gpu::wave_any(bad)) << strip;
         // Keeps the v reads here: hoisted above the softmax, they raised the
         // register peak past gfx90a's 128 VGPRs (and spilled).
         gpu::sched_barrier();
@@ -396,7 +585,7 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             // SAFETY: as for the k tiles.
             let (v0, v1) = unsafe {
                 let p = l.v.add(16 * n * LS);
-                (M::load_b_quads(p, LS), M::load_b_quads(p.add(16), LS))
+                (M::load_b(p, LS), M::load_b(p.add(16), LS))
             };
             o0 = M::mma(p[n], v0, o0);
             o1 = M::mma(p[n], v1, o1);
@@ -405,26 +594,18 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             // hoisted together spilled there.
             gpu::sched_barrier();
         });
-        for (half, o) in [o0, o1].iter().enumerate() {
-            let o = o.as_ref();
-            let mut e = 0;
-            while e < M::ACC_LEN {
-                let i = r0 + M::acc_row(e) as usize;
-                let d = 16 * half + M::acc_col(e) as usize;
-                let r = M::acc_slot(e);
-                let pair = pack2(o[e] * inv[r], o[e + 1] * inv[r]);
-                // SAFETY: token (w, i), channel h * 32 + d of the output
-                // (caller); d even, so 4-byte aligned.
-                unsafe {
-                    a.out
-                        .add((w * T + i) * ch + h * D + d)
-                        .cast::<u32>()
-                        .write(pair)
-                };
-                e += 2;
-            }
-        }
+        store_rows::<M>(a, w, h, r0, o0, o1, inv);
         strip += ATTN_WAVES as usize;
+    }
+    // The strips with a non-finite score, the exact way (overwriting their
+    // outputs in this thread's program order; wave-uniform).
+    while redo != 0 {
+        let strip = redo.trailing_zeros() as usize;
+        redo &= redo - 1;
+        let r0 = 16 * strip;
+        // SAFETY: the strip's rows of the bias tile; the staged tiles.
+        let (o0, o1, inv) = unsafe { exact_strip::<M, MODE>(l, r0, l.bias.add(r0 * T), a.scale) };
+        store_rows::<M>(a, w, h, r0, o0, o1, inv);
     }
 }
 
@@ -461,7 +642,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         // SAFETY: `lookup` trapped on types out of range.
         let bp = unsafe { a.bias.add((ty as usize * a.heads as usize + h) * T * T) };
         let wave = gpu::wave_uniform(gpu::thread_id() / gpu::wave_size()) as usize;
-        let buf = lds.wrapping_add(3 * T * LS + wave * 16 * T);
+        let buf = lds.wrapping_add(3 * T * LS + wave * 16 * BS);
         // SAFETY: the wave's buffer; its first strip.
         unsafe { prefetch_bias(bp, buf, wave) };
         gpu::barrier();

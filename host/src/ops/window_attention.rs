@@ -62,7 +62,9 @@ use crate::device::AsStream;
 use crate::registry::{In, launch};
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_shared::geometry::{ATTN_HEAD_DIM, ATTN_SHARED_BYTES, ATTN_T, ATTN_WAVES};
+use wavefuse_shared::geometry::{
+    ATTN_HEAD_DIM, ATTN_SCALE_MAX, ATTN_SCALE_MIN, ATTN_SHARED_BYTES, ATTN_T, ATTN_WAVES,
+};
 
 /// Head dimensions with a kernel.
 pub const ATTN_HEAD_DIMS: [usize; 1] = [ATTN_HEAD_DIM as usize];
@@ -156,12 +158,12 @@ pub fn window_attention(
             why: "must be in 1..=u32::MAX / 144^2",
         });
     }
-    if !p.scale.is_finite() {
+    if !(ATTN_SCALE_MIN..=ATTN_SCALE_MAX).contains(&p.scale) {
         return Err(Error::BadParameter {
             op: c.op,
             what: "scale",
             value: p.scale.to_string(),
-            why: "must be finite",
+            why: "must be in [2^-14, 8] (1 / scale enters the matrix unit as f16)",
         });
     }
     let (t, heads) = (ATTN_T as usize, p.heads);

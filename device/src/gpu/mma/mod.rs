@@ -130,6 +130,16 @@ pub trait Mma {
     /// # Safety
     /// As for [`Mma::load_a`].
     unsafe fn load_b_quads(p: *const u16, stride: usize) -> Self::B;
+    /// A diagonal right operand `diag(d)` for [`Mma::add_scaled`] (`d` as
+    /// f16 bits).
+    type D: Copy;
+    /// `diag(d)`: the scalar `d` (f16 bits) as a diagonal matrix.
+    fn diag(d: u16) -> Self::D;
+    /// `c + x * diag(d)`: adds `d * x[i][j]` to each element, `x` a tile
+    /// in the left operand's layout ([`Mma::load_a`]). Each product is
+    /// exact in f32; the zeros off the diagonal make an infinite or NaN
+    /// element of `x` NaN in its whole column of the result.
+    fn add_scaled(x: Self::A, d: Self::D, c: Self::Acc) -> Self::Acc;
     /// `c + a * b`.
     fn mma(a: Self::A, b: Self::B, c: Self::Acc) -> Self::Acc;
     /// The accumulator rounded to f16 (nearest-even) as a left operand:

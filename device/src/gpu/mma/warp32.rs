@@ -77,6 +77,8 @@ impl Mma for Warp32 {
     type B = [u32; 4];
     /// `[c0..c3]` of columns 0..8, then of columns 8..16.
     type Acc = [f32; 8];
+    /// m16n8k8's `b0` of `diag(d)`.
+    type D = u32;
 
     #[inline(always)]
     fn zero() -> [f32; 8] {
@@ -170,6 +172,30 @@ impl Mma for Warp32 {
         let a = quad_addr(p, stride, [0, 1, 0, 1], [0, 0, 1, 1]);
         // SAFETY: as for `load_a`.
         unsafe { imp::ldmatrix_x4_trans(a) }
+    }
+
+    #[inline(always)]
+    fn diag(d: u16) -> u32 {
+        // m16n8k8's b0 holds B[2t..2t + 2][g]: the diagonal element when
+        // g is 2t or 2t + 1.
+        let (g, t) = (lane() / 4, lane() % 4);
+        let d = u32::from(d);
+        if g == 2 * t {
+            d
+        } else if g == 2 * t + 1 {
+            d << 16
+        } else {
+            0
+        }
+    }
+
+    #[inline(always)]
+    fn add_scaled(x: [u32; 4], d: u32, c: [f32; 8]) -> [f32; 8] {
+        // Two m16n8k8 steps: x's columns 0-7 (a0, a1) give C's half 0,
+        // columns 8-15 (a2, a3) half 1; one register of diagonal for both.
+        let lo = imp::mma_m16n8k8([x[0], x[1]], d, [c[0], c[1], c[2], c[3]]);
+        let hi = imp::mma_m16n8k8([x[2], x[3]], d, [c[4], c[5], c[6], c[7]]);
+        [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
     }
 
     #[inline(always)]

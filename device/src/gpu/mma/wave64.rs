@@ -50,6 +50,8 @@ impl Mma for Wave64 {
     type B = [u32; 2];
     /// `C[l % 16][4q..4q + 4]` (see the module docs).
     type Acc = [f32; 4];
+    /// `diag(d)` as a right operand.
+    type D = [u32; 2];
 
     #[inline(always)]
     fn zero() -> [f32; 4] {
@@ -133,6 +135,22 @@ impl Mma for Wave64 {
     unsafe fn load_b_quads(p: *const u16, stride: usize) -> [u32; 2] {
         // SAFETY: as for `load_b`.
         unsafe { Self::load_b(p, stride) }
+    }
+
+    #[inline(always)]
+    fn diag(d: u16) -> [u32; 2] {
+        // Lane l holds B[4q..4q + 4][l % 16]: the diagonal element is half
+        // l % 16 - 4q of them, if in range.
+        let l = lane();
+        let x = (l % 16).wrapping_sub(4 * (l / 16));
+        let d = u32::from(d);
+        let h = |i: u32| if x == i { d } else { 0 };
+        [h(0) | (h(1) << 16), h(2) | (h(3) << 16)]
+    }
+
+    #[inline(always)]
+    fn add_scaled(x: [u32; 2], d: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        Self::mma(x, d, c)
     }
 
     #[inline(always)]
