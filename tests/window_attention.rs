@@ -42,13 +42,19 @@ struct Case {
     mask: Option<(Vec<i32>, Vec<i32>, usize)>,
 }
 
-/// Labels of `n` slots: each slot cut into 1 to 8 regions, every token in
-/// a random one (slot 0 a single region, like Pangu's inner windows).
+/// Labels of `n` slots: each slot cut into 1 to 8 regions (one in four
+/// into 16 to 27, more than the kernel's one-hot columns), every token in
+/// a random one, labels spread over 0..144 (slot 0 a single region, like
+/// Pangu's inner windows).
 fn labels(rng: &mut Rng, n: usize) -> Vec<i32> {
     let mut l = Vec::with_capacity(n * T);
     for slot in 0..n {
-        let regions = if slot == 0 { 1 } else { 1 + rng.below(8) };
-        l.extend((0..T).map(|_| rng.below(regions) as i32));
+        let regions = match slot {
+            0 => 1,
+            _ if rng.below(4) == 0 => 16 + rng.below(12),
+            _ => 1 + rng.below(8),
+        };
+        l.extend((0..T).map(|_| 5 * rng.below(regions) as i32));
     }
     l
 }
@@ -250,8 +256,12 @@ proptest! {
         log_sigma in -0.7f64..0.5,
         with_qkv_bias in any::<bool>(),
         special in 0u8..3,
+        scale in prop_oneof![Just(None), Just(Some(1.0f32)), Just(Some(0.0625)), Just(Some(5.0)), Just(Some(1e-3))],
     ) {
-        let c = make_case(seed, windows, heads, n_types, slots, 10f64.powf(log_sigma), with_qkv_bias, special);
+        let mut c = make_case(seed, windows, heads, n_types, slots, 10f64.powf(log_sigma), with_qkv_bias, special);
+        if let Some(s) = scale {
+            c.p.scale = s;
+        }
         for dev in devices() {
             let r = check(&dev, &c);
             prop_assert!(r.is_ok(), "{}", r.err().unwrap_or_default());

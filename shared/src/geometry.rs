@@ -37,6 +37,14 @@ pub const ATTN_HEAD_DIM: u32 = 32;
 /// Window attention: the mask value between tokens of different regions of
 /// a shifted window (Swin's and Pangu's `-100`, not `-inf`).
 pub const ATTN_MASK_NEG: f32 = -100.0;
+/// Window attention: the most regions of a window whose mask the kernel
+/// adds on the matrix unit (one-hot rows of 16 columns, one of them the
+/// constant term); windows with more compare labels per element.
+pub const ATTN_ONEHOT_REGIONS: u32 = 15;
+/// Window attention: row stride of the one-hot key tile in workgroup
+/// memory (halves): 16 + 8 of padding, so the eight 16-byte rows one
+/// `ldmatrix` phase reads (48 bytes apart) fall in distinct bank groups.
+pub const ATTN_ONEHOT_STRIDE: u32 = 24;
 /// Window attention: the smallest `scale` with a kernel (2^-14): the
 /// kernel multiplies the bias by `1 / scale` on the matrix unit as two f16
 /// parts, which need `1 / scale` within f16's range.
@@ -68,8 +76,15 @@ pub const ATTN_LABEL_OFFSET: u32 =
 /// 48 KiB an NVIDIA launch takes without an opt-in (the host still sets
 /// the kernel's limit to this when it loads the module); four workgroups
 /// per SM on sm_90.
-pub const ATTN_SHARED_BYTES: u32 = ATTN_LABEL_OFFSET + ATTN_T * 4;
-const _: () = assert!(ATTN_SHARED_BYTES <= 64 * 1024 && ATTN_LABEL_OFFSET.is_multiple_of(16));
+pub const ATTN_SHARED_BYTES: u32 = ATTN_ONEHOT_OFFSET + ATTN_T * ATTN_ONEHOT_STRIDE * 2;
+/// Window attention: byte offset of the one-hot key tile (144 rows of
+/// [`ATTN_ONEHOT_STRIDE`] halves), after the labels.
+pub const ATTN_ONEHOT_OFFSET: u32 = ATTN_LABEL_OFFSET + ATTN_T * 4;
+const _: () = assert!(
+    ATTN_SHARED_BYTES <= 64 * 1024
+        && ATTN_LABEL_OFFSET.is_multiple_of(16)
+        && ATTN_ONEHOT_OFFSET.is_multiple_of(16)
+);
 /// Window attention: workgroups per SM the NVIDIA build's register budget
 /// is set for (PTX `.minnctapersm`, written by `cargo xtask kernels`):
 /// 168 registers per thread; the workgroup memory allows 4 on sm_90.

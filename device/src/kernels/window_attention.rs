@@ -70,14 +70,17 @@ use crate::gpu::mma::{MAX_ROWS, MatrixKernel, Mma};
 use crate::gpu::{self, pack2};
 use crate::vec::{V8, load8_bits, store8_bits};
 use wavefuse_shared::geometry::{
-    ATTN_BIAS_STRIDE, ATTN_HEAD_DIM, ATTN_LABEL_OFFSET, ATTN_LDS_STRIDE, ATTN_MASK_NEG, ATTN_T,
-    ATTN_WAVES,
+    ATTN_BIAS_STRIDE, ATTN_HEAD_DIM, ATTN_LABEL_OFFSET, ATTN_LDS_STRIDE, ATTN_MASK_NEG,
+    ATTN_ONEHOT_OFFSET, ATTN_ONEHOT_REGIONS, ATTN_ONEHOT_STRIDE, ATTN_T, ATTN_WAVES,
 };
 
 const T: usize = ATTN_T as usize;
 const D: usize = ATTN_HEAD_DIM as usize;
 const LS: usize = ATTN_LDS_STRIDE as usize;
 const BS: usize = ATTN_BIAS_STRIDE as usize;
+const OS: usize = ATTN_ONEHOT_STRIDE as usize;
+/// The one-hot column that holds the mask's constant term.
+const ONE: u32 = ATTN_ONEHOT_REGIONS;
 /// 16-row query strips (and 16-key tiles) per window.
 const STRIPS: usize = T / 16;
 /// 16-byte vectors of q, k and v per thread: 18 for three warps of 32 (9
@@ -204,27 +207,67 @@ unsafe fn copy_labels(src: *const i32, dst: *mut i32) {
     }
 }
 
-/// Whether the window's labels in workgroup memory are all equal (the
-/// same answer on every lane of the wave).
+/// How the window's mask is added, from its labels in workgroup memory
+/// (the same answer on every lane): [`NO_MASK`] when they are all equal,
+/// [`ONEHOT`] when they are all below [`ATTN_ONEHOT_REGIONS`], else
+/// [`LABELS`].
 #[inline(always)]
-fn one_region(lab: *const i32) -> bool {
+fn mask_mode(lab: *const i32) -> u8 {
     let ws = gpu::wave_size() as usize;
     let lane = gpu::thread_id() as usize % ws;
     // SAFETY: labels 0..144 of the window (workgroup memory).
     let l0 = unsafe { lab.read() };
-    let mut differ = 0u32;
+    let (mut differ, mut above) = (0u32, 0u32);
     let mut t = lane;
     while t < T {
         // SAFETY: as above.
-        differ |= u32::from(unsafe { lab.add(t).read() } != l0);
+        let l = unsafe { lab.add(t).read() };
+        differ |= u32::from(l != l0);
+        above |= u32::from(!(0..ONE as i32).contains(&l));
         t += ws;
     }
     let mut m = 1;
     while m < ws as u32 {
         differ |= gpu::shfl_xor_u32(differ, m);
+        above |= gpu::shfl_xor_u32(above, m);
         m <<= 1;
     }
-    differ == 0
+    if differ == 0 {
+        NO_MASK
+    } else if above == 0 {
+        ONEHOT
+    } else {
+        LABELS
+    }
+}
+
+/// Writes the window's one-hot key tile: row `j` holds 1 in column
+/// `labels[j]` and in column [`ONE`] (the mask's constant term), 0
+/// elsewhere. Every thread of the workgroup calls it; a barrier follows.
+///
+/// # Safety
+/// `lab` the window's labels, each in `0..ONE`; `oh` 144 rows of [`OS`]
+/// halves of workgroup memory, 16-byte aligned.
+#[inline(always)]
+unsafe fn write_onehot(lab: *const i32, oh: *mut u16) {
+    const H1: u32 = 0x3c00;
+    let threads = (ATTN_WAVES * gpu::wave_size()) as usize;
+    let mut j = gpu::thread_id() as usize;
+    while j < T {
+        // SAFETY: label j of the window.
+        let l = unsafe { lab.add(j).read() } as u32;
+        let mut w = [0u32; 8];
+        for (x, w) in w.iter_mut().enumerate() {
+            let h = |c: u32| if c == l || c == ONE { H1 } else { 0 };
+            *w = h(2 * x as u32) | (h(2 * x as u32 + 1) << 16);
+        }
+        // SAFETY: row j of the tile, two 16-byte pieces.
+        unsafe {
+            store8_bits(oh.add(j * OS), V8([w[0], w[1], w[2], w[3]]));
+            store8_bits(oh.add(j * OS + 8), V8([w[4], w[5], w[6], w[7]]));
+        }
+        j += threads;
+    }
 }
 
 /// Starts copying the bias rows of query strip `strip` to this wave's
@@ -266,9 +309,11 @@ unsafe fn prefetch_bias(bp: *const u16, buf: *mut u16, strip: usize) {
 }
 
 /// How a strip adds the mask: none (also a window whose labels are all
-/// equal: `z + 0` is `z`), or from the labels in workgroup memory.
+/// equal: `z + 0` is `z`), by comparing labels per element, or on the
+/// matrix unit from one-hot rows ([`mask_mode`]).
 const NO_MASK: u8 = 0;
 const LABELS: u8 = 1;
+const ONEHOT: u8 = 2;
 
 /// Where a wave's strips read from: the staged q, k, v tiles, the wave's
 /// bias strip buffer, the (type, head) bias tile in global memory, the
@@ -281,6 +326,7 @@ struct Tiles {
     buf: *mut u16,
     bias: *const u16,
     labels: *const i32,
+    onehot: *const u16,
 }
 
 /// The scale's constants: `1 / scale` as two f16 diagonals for the
@@ -291,7 +337,9 @@ struct Scale<M: Mma> {
     dhi: M::D,
     dlo: M::D,
     c: f32,
-    mneg: f32,
+    /// The mask value in units of `1 / scale`, as f16 bits (the one-hot
+    /// product's constant term).
+    mh: u16,
 }
 
 impl<M: Mma> Scale<M> {
@@ -300,11 +348,12 @@ impl<M: Mma> Scale<M> {
         let inv = 1.0 / scale;
         let dh = gpu::f2h(inv);
         let dl = gpu::f2h(inv - gpu::h2f(dh));
+        let mh = gpu::f2h(ATTN_MASK_NEG * inv);
         Scale {
             dhi: M::diag(dh),
             dlo: M::diag(dl),
             c: scale * core::f32::consts::LOG2_E,
-            mneg: ATTN_MASK_NEG * inv,
+            mh,
         }
     }
 }
@@ -339,7 +388,7 @@ unsafe fn strip_rows<M: Mma, const MODE: u8>(
         )
     };
     let mut lrow = [0i32; MAX_ROWS];
-    if MODE == LABELS {
+    if MODE != NO_MASK {
         for (r, lr) in lrow.iter_mut().enumerate().take(M::ROWS) {
             // SAFETY: row r0 + slot_row(r) < 144 of the labels.
             *lr = unsafe { l.labels.add(r0 + M::slot_row(r) as usize).read() };
@@ -428,7 +477,7 @@ unsafe fn exact_strip<M: Mma, const MODE: u8>(
             let b = gpu::h2f(unsafe { bias.add(i * T + j).read() });
             let mut z = gpu::fma(acc[e], scale, b);
             // SAFETY: j < 144.
-            if MODE == LABELS && !unsafe { same_region(l.labels, j, lrow[r]) } {
+            if MODE != NO_MASK && !unsafe { same_region(l.labels, j, lrow[r]) } {
                 z += ATTN_MASK_NEG;
             }
             acc[e] = z;
@@ -524,10 +573,29 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
         gpu::wave_barrier();
         // SAFETY: every tile read below lies in the staged q, k, v (16-byte
         // aligned rows of LS halves in workgroup memory).
-        let (q, lrow) = unsafe { strip_rows::<M, MODE>(l, r0) };
+        let (q, _) = unsafe { strip_rows::<M, NO_MASK>(l, r0) };
         // Per 16-key tile, in units of 1 / scale: the bias times the two
         // diagonals, then q . k, on the matrix unit; the mask added; the
         // max of each of the lane's rows (one chain).
+        // The one-hot rows of the strip's queries: `-mh` in the column of
+        // the row's region, `mh` in the constant column, so that the
+        // product with the keys' one-hot rows is exactly 0 within a region
+        // and `mh` across.
+        let aoh = if MODE == ONEHOT {
+            M::a_of(|i, c| {
+                // SAFETY: row r0 + i < 144 of the labels.
+                let li = unsafe { l.labels.add(r0 + i as usize).read() } as u32;
+                if c == ONE {
+                    k.mh
+                } else if c == li {
+                    k.mh ^ 0x8000
+                } else {
+                    0
+                }
+            })
+        } else {
+            M::to_a(M::zero())
+        };
         let mut s = [M::zero(); STRIPS];
         let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
         crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
@@ -537,29 +605,21 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
                 let p = l.k.add(16 * n * LS);
                 (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS), M::load_a(l.buf.add(16 * n), BS))
             };
-            let acc = M::add_scaled(bt, k.dlo, M::add_scaled(bt, k.dhi, M::zero()));
+            // The mask first, exactly 0 or `mh`: the matrix unit's sum then
+            // starts from it.
+            let acc = if MODE == ONEHOT {
+                // SAFETY: rows 16n..16n + 16 of the one-hot key tile.
+                let koh = unsafe { M::load_b_t(l.onehot.add(16 * n * OS), OS) };
+                M::mma(aoh, koh, M::zero())
+            } else {
+                M::zero()
+            };
+            let acc = M::add_scaled(bt, k.dlo, M::add_scaled(bt, k.dhi, acc));
             s[n] = M::mma(q.1, k1, M::mma(q.0, k0, acc));
-            let acc = s[n].as_mut();
-            let mut e = 0;
-            while e < M::ACC_LEN {
+            let acc = s[n].as_ref();
+            for e in 0..M::ACC_LEN {
                 let r = M::acc_slot(e);
-                if MODE == LABELS {
-                    let j = 16 * n + M::acc_col(e) as usize;
-                    for x in 0..2 {
-                        // The mask as a selected addend (adding 0 leaves the
-                        // score as it is; a conditional add spilled on gfx908).
-                        // SAFETY: j + x < 144.
-                        let same = unsafe { same_region(l.labels, j + x, lrow[r]) };
-                        acc[e + x] += if same { 0.0 } else { k.mneg };
-                    }
-                }
-                mx[r] = mx[r].max(acc[e]).max(acc[e + 1]);
-                e += 2;
-            }
-            if MODE == LABELS {
-                // One tile's label reads at a time on AMD: hoisted together
-                // they spilled on gfx908 (64 VGPRs besides the AGPRs).
-                gpu::sched_barrier();
+                mx[r] = mx[r].max(acc[e]);
             }
         });
         // Every lane is done with the buffer: fetch the wave's next strip
@@ -620,6 +680,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         let lab = lds
             .wrapping_add(ATTN_LABEL_OFFSET as usize / 2)
             .cast::<i32>();
+        let oh = lds.wrapping_add(ATTN_ONEHOT_OFFSET as usize / 2);
         // SAFETY: w < windows: the tables hold one entry per window.
         let (ty, sl) = unsafe {
             super::bias_mask_add::lookup::<MASK>(a.types, a.slots, w as u32, a.n_types, a.n_slots)
@@ -653,11 +714,34 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
             buf,
             bias: bp,
             labels: lab,
+            onehot: oh,
         };
-        if MASK && !one_region(lab) {
-            strips::<M, LABELS>(&a, l, wave, w, h);
-        } else {
-            strips::<M, NO_MASK>(&a, l, wave, w, h);
+        match if MASK { mask_mode(lab) } else { NO_MASK } {
+            NO_MASK => strips::<M, NO_MASK>(&a, l, wave, w, h),
+            ONEHOT => {
+                // SAFETY: the labels are in 0..ONE (mask_mode); the tile
+                // is the workgroup's. The mode is the workgroup's, so every
+                // thread reaches the barrier.
+                unsafe { write_onehot(lab, oh) };
+                gpu::barrier();
+                strips::<M, ONEHOT>(&a, l, wave, w, h)
+            }
+            _ => {
+                // More regions than one-hot columns (not Pangu's or Swin's
+                // windows): every strip the exact way, reading the bias from
+                // memory (the first strip's copy is not used).
+                gpu::copy_to_workgroup_wait();
+                let mut strip = wave;
+                while strip < STRIPS {
+                    let r0 = 16 * strip;
+                    // SAFETY: the strip's rows of the bias tile; the staged
+                    // tiles and labels.
+                    let (o0, o1, inv) =
+                        unsafe { exact_strip::<M, LABELS>(l, r0, bp.add(r0 * T), a.scale) };
+                    store_rows::<M>(&a, w, h, r0, o0, o1, inv);
+                    strip += ATTN_WAVES as usize;
+                }
+            }
         }
     }
 }

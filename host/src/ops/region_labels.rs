@@ -15,8 +15,12 @@ use half::f16;
 use wavefuse_shared::geometry::ATTN_MASK_NEG;
 
 /// Validated region labels on a device: `[slots, tokens]` i32, every label
-/// in `0..tokens` (a window has at most `tokens` regions; the planner's
-/// labels number the regions in order of first occurrence).
+/// in `0..tokens` (a window has at most `tokens` regions). Only equality
+/// between labels matters, so each slot's labels are stored renumbered
+/// `0, 1, ..` in order of first occurrence (as the planner numbers its
+/// regions): [`crate::window_attention`] then puts a window of up to
+/// [`ATTN_ONEHOT_REGIONS`](wavefuse_shared::geometry::ATTN_ONEHOT_REGIONS)
+/// regions on the matrix unit as one-hot rows.
 pub struct RegionLabels {
     labels: DeviceBuffer<i32>,
     tokens: usize,
@@ -69,7 +73,7 @@ impl RegionLabels {
             });
         }
         Ok(RegionLabels {
-            labels: dev.upload(labels)?,
+            labels: dev.upload(&renumbered(labels, tokens))?,
             tokens,
         })
     }
@@ -164,6 +168,27 @@ impl RegionLabels {
         }
         out
     }
+}
+
+/// `labels` with each slot's labels renumbered `0, 1, ..` in order of
+/// first occurrence (equal labels stay equal, different ones different).
+fn renumbered(labels: &[i32], tokens: usize) -> Vec<i32> {
+    let mut out = Vec::with_capacity(labels.len());
+    // Label -> its number in the slot; labels are in 0..tokens (checked).
+    let mut number = vec![-1i32; tokens];
+    for slot in labels.chunks_exact(tokens) {
+        number.fill(-1);
+        let mut next = 0;
+        for &l in slot {
+            let n = &mut number[l as usize];
+            if *n < 0 {
+                *n = next;
+                next += 1;
+            }
+            out.push(*n);
+        }
+    }
+    out
 }
 
 /// The shift mask as region labels and the window -> slot table that picks

@@ -130,6 +130,9 @@ pub trait Mma {
     /// # Safety
     /// As for [`Mma::load_a`].
     unsafe fn load_b_quads(p: *const u16, stride: usize) -> Self::B;
+    /// A left operand from its elements: `A[i][k] = f(i, k)` (f16 bits),
+    /// `f` called for this lane's elements only.
+    fn a_of(f: impl Fn(u32, u32) -> u16) -> Self::A;
     /// A diagonal right operand `diag(d)` for [`Mma::add_scaled`] (`d` as
     /// f16 bits).
     type D: Copy;

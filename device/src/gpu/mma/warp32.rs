@@ -175,6 +175,18 @@ impl Mma for Warp32 {
     }
 
     #[inline(always)]
+    fn a_of(f: impl Fn(u32, u32) -> u16) -> [u32; 4] {
+        let (g, t) = (lane() / 4, lane() % 4);
+        let w = |i: u32, k: u32| u32::from(f(i, k)) | (u32::from(f(i, k + 1)) << 16);
+        [
+            w(g, 2 * t),
+            w(g + 8, 2 * t),
+            w(g, 2 * t + 8),
+            w(g + 8, 2 * t + 8),
+        ]
+    }
+
+    #[inline(always)]
     fn diag(d: u16) -> u32 {
         // m16n8k8's b0 holds B[2t..2t + 2][g]: the diagonal element when
         // g is 2t or 2t + 1.

@@ -138,6 +138,14 @@ impl Mma for Wave64 {
     }
 
     #[inline(always)]
+    fn a_of(f: impl Fn(u32, u32) -> u16) -> [u32; 2] {
+        let l = lane();
+        let (i, k) = (l % 16, 4 * (l / 16));
+        let h = |x: u32| u32::from(f(i, k + x));
+        [h(0) | (h(1) << 16), h(2) | (h(3) << 16)]
+    }
+
+    #[inline(always)]
     fn diag(d: u16) -> [u32; 2] {
         // Lane l holds B[4q..4q + 4][l % 16]: the diagonal element is half
         // l % 16 - 4q of them, if in range.
