@@ -73,9 +73,10 @@ pub struct AttnRow {
 /// The tolerance is the documented bound, per channel:
 /// `ulp(out) / 2 + ulp(M) + sum_j p_j |v_j| dz_j + M dz_max
 /// + 2^-24 sum_j |v_j| / sum_j e_j`, with `M = sum_j p_j |v_j|` and
-/// `dz_j = 2^-17 (scale sum_d |q_d k_jd| + |bias_j|) + 2^-22 (|mask_j| +
-/// |bias_j| + |z_j|)` (f32 scores: the matrix unit's accumulation of q . k
-/// and the bias, then the roundings of `z`), `dz_max` that of the row's maximum plus `2^-22 |max|` (the
+/// `dz_j = 2^-17 (scale sum_d |q_d k_jd| + |bias_j|) + 2^-11 |mask_j| +
+/// 2^-22 (|bias_j| + |z_j|)` (f32 scores: the matrix unit's accumulation
+/// of q . k and the bias, the mask's f16 form, then the roundings of the
+/// exponent's argument), `dz_max` that of the row's maximum plus `2^-22 |max|` (the
 /// exponent's `fma`).
 pub fn attention_row(
     q: &[f64],
@@ -93,7 +94,8 @@ pub fn attention_row(
         let sa: f64 = q.iter().zip(&k[j]).map(|(a, b)| (a * b).abs()).sum();
         z[j] = s * scale + mask[j] + bias[j];
         dz[j] = 2f64.powi(-17) * (scale * sa + bias[j].abs())
-            + 2f64.powi(-22) * (mask[j].abs() + bias[j].abs() + z[j].abs());
+            + 2f64.powi(-11) * mask[j].abs()
+            + 2f64.powi(-22) * (bias[j].abs() + z[j].abs());
     }
     let (arg, mx) = z
         .iter()

@@ -308,6 +308,22 @@ fn pangu_mask_values_without_special_rows() {
 }
 
 #[test]
+fn large_biases_keep_their_exact_scale() {
+    // Biases of hundreds over small scores: the bias enters in units of
+    // 1 / scale through two f16 parts; with the second part dropped
+    // (2^-13 relative at 1/sqrt(32)) the weights move by percents, far
+    // outside the bound.
+    let mut c = make_case(37, 1, 2, 1, Some(2), 0.2, false, 0);
+    let mut rng = Rng(38);
+    for b in c.bias.iter_mut() {
+        *b = f16::from_f64(600.0 * (rng.unit() - 0.5));
+    }
+    for dev in devices() {
+        check(&dev, &c).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
 fn fully_masked_rows_are_nan_like_torch() {
     // A label mask never masks a whole row; a bias row of -inf does.
     let mut c = make_case(34, 1, 1, 1, Some(1), 1.0, false, 0);

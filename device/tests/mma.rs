@@ -141,6 +141,58 @@ fn nv_mma_with_a_wrong_layout_is_wrong() {
     assert_ne!(got, product(&a, &b, 8));
 }
 
+/// PTX ISA's m16n8k8 fragments (`.f16`), forward: A `(r, c)` (16x8):
+/// lane `4 (r % 8) + c / 2`, register `r / 8`, half `c % 2`; B `(k, n)`
+/// (8x8): lane `4 n + k / 2`, register 0, half `k % 2`; C as m16n8k16's.
+fn nv8_fragments(a: &[f16], b: &[f16]) -> Vec<MatrixRegs> {
+    let mut regs = vec![MatrixRegs::default(); 32];
+    for r in 0..16 {
+        for c in 0..8 {
+            let (lane, reg, h) = (4 * (r % 8) + c / 2, r / 8, c % 2);
+            regs[lane].a[reg] |= u32::from(a[r * 8 + c].to_bits()) << (16 * h);
+        }
+    }
+    for k in 0..8 {
+        for n in 0..8 {
+            let (lane, h) = (4 * n + k / 2, k % 2);
+            regs[lane].b[0] |= u32::from(b[k * 8 + n].to_bits()) << (16 * h);
+        }
+    }
+    regs
+}
+
+fn product8(a: &[f16], b: &[f16]) -> Vec<f32> {
+    let mut d = vec![0.0f32; 128];
+    for i in 0..16 {
+        for j in 0..8 {
+            d[i * 8 + j] = (0..8)
+                .map(|k| a[i * 8 + k].to_f64() * b[k * 8 + j].to_f64())
+                .sum::<f64>() as f32;
+        }
+    }
+    d
+}
+
+#[test]
+fn nv_mma_k8_matches_the_ptx_fragment_tables() {
+    let (a, b) = (matrix(21, 16, 8), matrix(22, 8, 8));
+    let got =
+        nv_result(&run_instruction(MatrixOp::Mma1688, nv8_fragments(&a, &b)).expect("launch"));
+    assert_eq!(got, product8(&a, &b));
+}
+
+#[test]
+fn nv_mma_k8_with_a_wrong_layout_is_wrong() {
+    // Rows g and g + 8 of A exchanged.
+    let (a, b) = (matrix(23, 16, 8), matrix(24, 8, 8));
+    let mut regs = nv8_fragments(&a, &b);
+    for r in regs.iter_mut() {
+        r.a.swap(0, 1);
+    }
+    let got = nv_result(&run_instruction(MatrixOp::Mma1688, regs).expect("launch"));
+    assert_ne!(got, product8(&a, &b));
+}
+
 #[test]
 fn nv_mma_accumulates_into_c() {
     let (a, b) = (matrix(5, 16, 16), matrix(6, 16, 8));
@@ -255,6 +307,10 @@ enum Form {
     /// `to_a(A * I) * B` with `A * I` in quad order (`load_b_t_quads` of
     /// `I`) and `B` read to match it (`load_b_quads`).
     QuadsReuse,
+    /// `A * B + 2.5 A`: `add_scaled(A, diag(2.5), A * B)` (`load_b`).
+    Scaled,
+    /// `A' * B` with `A'` built by `a_of` from `A`'s elements.
+    AOf,
 }
 
 struct Facade {
@@ -262,6 +318,12 @@ struct Facade {
     b: usize,
     out: usize,
     form: Form,
+}
+
+/// Element `(i, k)` of the facade test's `A` (16x16 row-major).
+fn self_a(f: &Facade, i: u32, k: u32) -> &f16 {
+    // SAFETY: a 16x16 input; i, k < 16.
+    unsafe { &*(f.a as *const f16).add(i as usize * 16 + k as usize) }
 }
 
 impl MatrixKernel for Facade {
@@ -304,6 +366,14 @@ impl MatrixKernel for Facade {
                     let c = M::mma(a, M::load_b_t_quads(m.add(32 * S), S), M::zero());
                     M::mma(M::to_a(c), M::load_b_quads(m.add(16 * S), S), M::zero())
                 }
+                Form::Scaled => {
+                    let c = M::mma(a, M::load_b(m.add(16 * S), S), M::zero());
+                    M::add_scaled(a, M::diag(f16::from_f32(2.5).to_bits()), c)
+                }
+                Form::AOf => {
+                    let af = M::a_of(|i, k| self_a(&self, i, k).to_bits());
+                    M::mma(af, M::load_b(m.add(16 * S), S), M::zero())
+                }
             }
         };
         let quads = matches!(self.form, Form::QuadsNt);
@@ -330,6 +400,14 @@ impl MatrixKernel for Facade {
 
 fn facade_product(wave: u32, form: Form, seed: u64) -> (Vec<f32>, Vec<f32>) {
     let (a, b) = (matrix(seed, 16, 16), matrix(seed + 1, 16, 16));
+    let want = match form {
+        Form::Scaled => product(&a, &b, 16)
+            .iter()
+            .zip(&a)
+            .map(|(p, x)| p + 2.5 * x.to_f32())
+            .collect(),
+        _ => product(&a, &b, 16),
+    };
     let mut out = vec![f32::NAN; 256];
     let (pa, pb, po) = (
         a.as_ptr() as usize,
@@ -345,7 +423,7 @@ fn facade_product(wave: u32, form: Form, seed: u64) -> (Vec<f32>, Vec<f32>) {
         })
     })
     .expect("launch");
-    (out, product(&a, &b, 16))
+    (out, want)
 }
 
 #[test]
@@ -357,6 +435,8 @@ fn facade_products_match_in_both_wave_modes() {
             (Form::Reuse, "reuse"),
             (Form::QuadsNt, "quads nt"),
             (Form::QuadsReuse, "quads reuse"),
+            (Form::Scaled, "scaled"),
+            (Form::AOf, "a_of"),
         ] {
             for seed in [11, 12, 13] {
                 let (got, want) = facade_product(wave, form, seed);

@@ -39,7 +39,8 @@ pub const ATTN_HEAD_DIM: u32 = 32;
 pub const ATTN_MASK_NEG: f32 = -100.0;
 /// Window attention: the most regions of a window whose mask the kernel
 /// adds on the matrix unit (one-hot rows of 16 columns, one of them the
-/// constant term); windows with more compare labels per element.
+/// constant term; Pangu's 3D shifted windows have up to 8 regions, Swin's
+/// 2D ones 4); windows with more take the kernel's exact path.
 pub const ATTN_ONEHOT_REGIONS: u32 = 15;
 /// Window attention: row stride of the one-hot key tile in workgroup
 /// memory (halves): 16 + 8 of padding, so the eight 16-byte rows one
@@ -62,8 +63,8 @@ pub const ATTN_WAVES: u32 = 3;
 pub const ATTN_LDS_STRIDE: u32 = 40;
 /// Window attention: row stride of each wave's bias strip buffer in
 /// workgroup memory (halves): 144 + 8 of padding, so the eight 16-byte
-/// rows one transposed `ldmatrix` phase reads (304 bytes apart) fall in
-/// distinct bank groups.
+/// rows one `ldmatrix` phase reads (304 bytes apart) fall in distinct bank
+/// groups.
 pub const ATTN_BIAS_STRIDE: u32 = 152;
 /// Window attention: byte offset of the window's 144 region labels (i32)
 /// in workgroup memory, after the q, k and v tiles and each wave's bias
@@ -72,10 +73,10 @@ pub const ATTN_LABEL_OFFSET: u32 =
     3 * ATTN_T * ATTN_LDS_STRIDE * 2 + ATTN_WAVES * 16 * ATTN_BIAS_STRIDE * 2;
 /// Window attention: workgroup memory per workgroup (bytes): the q, k and
 /// v tiles of one window and head, each wave's bias strip buffer, the
-/// window's labels. 48,960 bytes: within gfx9's 64 KiB and within the
-/// 48 KiB an NVIDIA launch takes without an opt-in (the host still sets
-/// the kernel's limit to this when it loads the module); four workgroups
-/// per SM on sm_90.
+/// window's labels, its one-hot key tile. 56,640 bytes: within gfx9's 64
+/// KiB; above the 48 KiB an NVIDIA launch takes without an opt-in (the
+/// host sets the kernel's limit to this when it loads the module); four
+/// workgroups per SM on sm_90 (228 KiB, 1 KiB reserved per workgroup).
 pub const ATTN_SHARED_BYTES: u32 = ATTN_ONEHOT_OFFSET + ATTN_T * ATTN_ONEHOT_STRIDE * 2;
 /// Window attention: byte offset of the one-hot key tile (144 rows of
 /// [`ATTN_ONEHOT_STRIDE`] halves), after the labels.

@@ -15,17 +15,22 @@
 //! exactly Swin's and Pangu's mask, read as 144 labels instead of a
 //! 144 x 144 tile.
 //!
-//! Numerics, per (window, head), query row `i`, key `j`:
-//! - `s = sum_d q_d k_d`: f16 products, f32 accumulation by the matrix
-//!   unit (q is not pre-scaled or rounded);
-//! - `z = fma(s, scale, bias_ij) + mask_ij` in f32: `s * scale + bias`
-//!   rounded once, then the mask added (0 or -100, a second rounding only
-//!   where it is -100; the order of Pangu's and Swin's code), so a window
-//!   without a mask, or whose labels are all equal (detected, and the
-//!   labels then not read), computes exactly `fma(s, scale, bias)`;
-//! - `m = max_j z` (f32, exact);
-//! - `e = 2^(fma(z, log2 e, -(m * log2 e)))`, the hardware `exp2`
-//!   ([`gpu::exp2_approx`]), one FMA instead of a subtract and a multiply;
+//! Numerics, per (window, head), query row `i`, key `j`, with `dh =
+//! f16(1 / scale)`, `dl = f16(1 / scale - dh)` (together within `2^-22` of
+//! `1 / scale` for the scales the host accepts, 2^-14 to 8):
+//! - the score in units of `1 / scale`, one f32 accumulation on the matrix
+//!   unit per 16-key tile (hardware order; every product exact): `a =
+//!   m_ij + dh bias_ij + dl bias_ij + sum_d q_d k_d` ([`Mma::add_scaled`]:
+//!   the bias times a diagonal, no per-element conversion or `fma`), with
+//!   the mask `m_ij` exactly 0 within a region and `mh = f16(-100 /
+//!   scale)` across it (one-hot region rows times one-hot key rows on the
+//!   matrix unit, [`ONEHOT`], for windows of up to
+//!   [`ATTN_ONEHOT_REGIONS`] regions; none for a window of one region), so
+//!   `scale a` is `z = scale s + bias + mask` up to the accumulation's
+//!   rounding, with the mask `-100 (1 + d)`, `|d| <= 2^-11`;
+//! - `m = max_j a` (f32, exact; `scale > 0`);
+//! - `e = 2^(fma(a, c, -(m c)))`, `c = f32(scale log2 e)`, the hardware
+//!   `exp2` ([`gpu::exp2_approx`]);
 //! - `sum = sum_j e` in f32 (unrounded `e`; per lane and 16-key tile a
 //!   pairwise sum of its four weights, a chain over the tiles, then over
 //!   the lanes of the row);
@@ -36,32 +41,37 @@
 //! So the result is within half an ulp of `out` plus `2^-11 sum_j p_j |v_j|`
 //! (the f16 rounding of `p`, as in PyTorch's unfused chain, whose softmax
 //! output is f16) plus the effect of the f32 scores' rounding; the host
-//! op (`wavefuse::ops::window_attention`) states the bound. A row whose
-//! `z` holds NaN or +inf, or only -inf (a bias row of -inf), is NaN (as
-//! `torch.softmax`); a label mask never masks a whole row (a token shares
-//! its own region).
+//! op (`wavefuse::ops::window_attention`) states the bound.
+//!
+//! The exact path ([`exact_strip`]): a 16-row strip whose row sum comes out
+//! NaN (a NaN or infinite score: an infinite or NaN bias, whose zero
+//! products on the matrix unit spread NaN along its row of the tile, or
+//! NaN / infinite inputs) is computed again after the wave's other strips,
+//! per element in f32 as `z = fma(s, scale, bias) + mask` (-100 exactly)
+//! with the bias read from memory, so `-inf` entries get weight 0 and a
+//! row is NaN exactly where `torch.softmax`'s is: a row whose `z` holds
+//! NaN or +inf, or only -inf (a bias row of -inf); a label mask never
+//! masks a whole row (a token shares its own region). Windows of more
+//! than [`ATTN_ONEHOT_REGIONS`] regions (not Pangu's or Swin's) take this
+//! path for every strip.
 //!
 //! Layout: one workgroup of [`ATTN_WAVES`] waves per (window, head)
 //! (`block_id = window * heads + head`). The q, k and v tiles (144 x 32)
 //! and the window's 144 labels are copied to workgroup memory in 16-byte
 //! pieces ([`gpu::copy_to_workgroup`]: `cp.async` on NVIDIA, so no
-//! registers hold them in flight), tile rows padded to [`ATTN_LDS_STRIDE`].
-//! Each wave then takes the 16-row query strips `w, w + 3, w + 6`: the
-//! strip's 16 x 144 scores stay in registers as nine 16x16 accumulators,
-//! their columns in quad order ([`Mma::load_b_t_quads`]: a lane's four
-//! elements of a row are four consecutive keys, whose bias and labels it
-//! reads from adjacent addresses: one 8-byte and one 16-byte read per
-//! tile in the sm_90 SASS, against two 4-byte reads and four label reads
-//! in the natural order); the strip's bias rows come from a per-wave
-//! buffer in workgroup memory, copied in 16-byte pieces while the previous
-//! strip finished (read straight from L2 in the accumulator layout, pairs
-//! of halves, they kept L2 at 71% of its throughput and the kernel 13%
-//! slower on the H200; read from L2 in quad order, 8 bytes a lane, the
-//! kernel waited on them: BENCHMARKS.md); the row max and sum are reduced
-//! over the lanes of a row; the rounded weights are reused in registers as
-//! the left operand of `P V` ([`Mma::to_a`]) against the v tiles read in
-//! the same quad order ([`Mma::load_b_quads`]). Nothing but q, k, v, the
-//! bias, the labels and the output touches memory outside the workgroup.
+//! registers hold them in flight), tile rows padded to [`ATTN_LDS_STRIDE`];
+//! a masked window of up to [`ATTN_ONEHOT_REGIONS`] regions writes its
+//! one-hot key tile. Each wave then takes the 16-row query strips `w, w +
+//! 3, w + 6`: the strip's 16 x 144 scores stay in registers as nine 16x16
+//! accumulators; the strip's bias rows come from a per-wave buffer in
+//! workgroup memory (rows padded to [`ATTN_BIAS_STRIDE`]), copied in
+//! 16-byte pieces while the previous strip finished (read straight from
+//! L2 in the accumulator layout they kept L2 at 71% of its throughput and
+//! the kernel 13% slower on the H200: BENCHMARKS.md) and read as left
+//! operands; the row max and sum are reduced over the lanes of a row; the
+//! rounded weights are reused in registers as the left operand of `P V`
+//! ([`Mma::to_a`]). Nothing but q, k, v, the bias, the labels and the
+//! output touches memory outside the workgroup.
 //!
 //! On NVIDIA the entry points carry launch bounds (`cargo xtask kernels`
 //! writes `.maxntid 96` and `.minnctapersm 4` into the PTX): without them
@@ -369,32 +379,20 @@ unsafe fn same_region(labels: *const i32, j: usize, lrow: i32) -> bool {
     unsafe { labels.add(j).read() == lrow }
 }
 
-/// The strip's q operands (key dimensions 0..16 and 16..32) and, with
-/// labels, the labels of the lane's rows.
+/// The strip's q operands (key dimensions 0..16 and 16..32).
 ///
 /// # Safety
-/// The staged q tile and labels; `r0 + 16 <= 144`.
+/// The staged q tile; `r0 + 16 <= 144`.
 #[inline(always)]
-unsafe fn strip_rows<M: Mma, const MODE: u8>(
-    l: Tiles,
-    r0: usize,
-) -> ((M::A, M::A), [i32; MAX_ROWS]) {
+unsafe fn strip_q<M: Mma>(l: Tiles, r0: usize) -> (M::A, M::A) {
     // SAFETY: rows r0..r0 + 16 of the q tile (16-byte aligned rows of LS
     // halves in workgroup memory).
-    let q = unsafe {
+    unsafe {
         (
             M::load_a(l.q.add(r0 * LS), LS),
             M::load_a(l.q.add(r0 * LS + 16), LS),
         )
-    };
-    let mut lrow = [0i32; MAX_ROWS];
-    if MODE != NO_MASK {
-        for (r, lr) in lrow.iter_mut().enumerate().take(M::ROWS) {
-            // SAFETY: row r0 + slot_row(r) < 144 of the labels.
-            *lr = unsafe { l.labels.add(r0 + M::slot_row(r) as usize).read() };
-        }
     }
-    (q, lrow)
 }
 
 /// The strip's weights from its scores in `s` (in place) and each row's
@@ -421,6 +419,7 @@ fn softmax<M: Mma>(
             let r = M::acc_slot(e);
             let x = gpu::exp2_approx(gpu::fma(acc[e], c, neg_ml[r]));
             acc[e] = x;
+            // quad_pos numbers the lane's four elements of a row 0..4.
             et[r][M::quad_pos(e)] = x;
         }
         for r in 0..M::ROWS {
@@ -458,9 +457,17 @@ unsafe fn exact_strip<M: Mma, const MODE: u8>(
     scale: f32,
 ) -> (M::Acc, M::Acc, [f32; MAX_ROWS]) {
     const L2E: f32 = core::f32::consts::LOG2_E;
-    // Read again rather than kept live through the fast path's softmax.
-    // SAFETY: the staged q rows and labels of the strip (caller contract).
-    let (q, lrow) = unsafe { strip_rows::<M, MODE>(l, r0) };
+    // SAFETY: the staged q rows of the strip (caller contract).
+    let q = unsafe { strip_q::<M>(l, r0) };
+    // The labels of the lane's rows, as two values rather than an array (a
+    // per-row array took stack on AMD).
+    // SAFETY: rows r0 + slot_row(r) < 144 of the labels.
+    let (lr0, lr1) = unsafe {
+        (
+            l.labels.add(r0 + M::slot_row(0) as usize).read(),
+            l.labels.add(r0 + M::slot_row(M::ROWS - 1) as usize).read(),
+        )
+    };
     // Tile n's z in place of its scores.
     let z_of = |n: usize| {
         // SAFETY: the staged k tile (caller contract).
@@ -476,8 +483,9 @@ unsafe fn exact_strip<M: Mma, const MODE: u8>(
             // SAFETY: (i, j) inside the strip's rows (caller contract).
             let b = gpu::h2f(unsafe { bias.add(i * T + j).read() });
             let mut z = gpu::fma(acc[e], scale, b);
+            let lr = if r == 0 { lr0 } else { lr1 };
             // SAFETY: j < 144.
-            if MODE != NO_MASK && !unsafe { same_region(l.labels, j, lrow[r]) } {
+            if MODE != NO_MASK && !unsafe { same_region(l.labels, j, lr) } {
                 z += ATTN_MASK_NEG;
             }
             acc[e] = z;
@@ -491,6 +499,8 @@ unsafe fn exact_strip<M: Mma, const MODE: u8>(
             let r = M::acc_slot(e);
             mx[r] = mx[r].max(s.as_ref()[e]);
         }
+        // One tile at a time on AMD (all tiles' bias reads hoisted spilled).
+        gpu::sched_barrier();
     }
     let mut neg_ml = [0.0f32; MAX_ROWS];
     for r in 0..M::ROWS {
@@ -514,6 +524,7 @@ unsafe fn exact_strip<M: Mma, const MODE: u8>(
         let p = M::to_a(s);
         o0 = M::mma(p, v0, o0);
         o1 = M::mma(p, v1, o1);
+        gpu::sched_barrier();
     }
     let mut inv = [0.0f32; MAX_ROWS];
     for r in 0..M::ROWS {
@@ -573,7 +584,7 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
         gpu::wave_barrier();
         // SAFETY: every tile read below lies in the staged q, k, v (16-byte
         // aligned rows of LS halves in workgroup memory).
-        let (q, _) = unsafe { strip_rows::<M, NO_MASK>(l, r0) };
+        let q = unsafe { strip_q::<M>(l, r0) };
         // Per 16-key tile, in units of 1 / scale: the bias times the two
         // diagonals, then q . k, on the matrix unit; the mask added; the
         // max of each of the lane's rows (one chain).

@@ -17,19 +17,29 @@
 //! token-major, head-major within a token (`(attn @ v).transpose(1,
 //! 2).reshape(B_, 144, C)`: what the output projection reads).
 //!
-//! Rounding contract (per query row `i`, key `j`):
+//! Rounding contract (per query row `i`, key `j`; `scale` in [2^-14, 8]):
 //! - with `qkv_bias`, q, k and v are first rounded `f16(x + b)` (as
 //!   PyTorch's f16 Linear output with bias);
-//! - `s = q . k` in f32 on the matrix unit (f16 products, f32
-//!   accumulation in the hardware's order); q is not pre-scaled;
-//! - `z = fma(s, scale, bias) + mask` in f32: the bias, then the mask,
-//!   in the order of Pangu's and Swin's code (so without a mask, or in a
-//!   window of one region, `z = fma(s, scale, bias)` exactly);
-//! - `m = max z`, `e = exp(z - m)` (the hardware `exp2` of
-//!   `fma(z, log2 e, -m log2 e)`), `sum = sum e` in f32;
+//! - the score in units of `1 / scale` is one f32 accumulation on the
+//!   matrix unit (f16 products, all exact; hardware order): `a = mask' +
+//!   bias (dh + dl) + q . k`, with `dh = f16(1 / scale)`, `dl = f16(1 /
+//!   scale - dh)` (`dh + dl` within `2^-22` of `1 / scale`) and the mask
+//!   as `mask' = f16(-100 / scale)` across regions, exactly 0 within one
+//!   (for windows of up to 15 regions; q is not pre-scaled);
+//! - `m = max a`, `e = exp(scale (a - m))` (the hardware `exp2` of
+//!   `fma(a, c, -m c)`, `c = f32(scale log2 e)`), `sum = sum e` in f32;
 //! - `p = f16(e)` (the unnormalised weights rounded once; PyTorch's
 //!   unfused chain rounds the normalised probabilities to f16 too), then
 //!   `o = p . v` in f32 on the matrix unit and `out = f16(o * (1 / sum))`.
+//!
+//! A 16-row strip with a NaN or infinite score (an infinite or NaN bias,
+//! NaN or infinite inputs) and every strip of a window with more than 15
+//! regions is computed the exact way instead: `z = fma(q . k, scale,
+//! bias) + mask` per element in f32 (-100 exactly), then as above with
+//! `z` for `scale a`. So a row whose scores hold NaN or +inf, or are all
+//! -inf (a bias row of -inf), is NaN (as `torch.softmax`), and `-inf`
+//! entries elsewhere get weight 0; a label mask never masks a whole row
+//! (a token shares its own region).
 //!
 //! Error bound against the exact (f64) attention of the same inputs,
 //! per output channel, checked by `tests/window_attention.rs` on every
@@ -43,13 +53,13 @@
 //! where `ulp` is the f16 ulp, `p` the exact probabilities,
 //! `M = sum_j p_j |v_j|` (the rounding of `p` to f16 moves the weighted sum
 //! by up to `2^-11 M < ulp(M)`, as in PyTorch's unfused chain),
-//! `dz_j = 2^-17 scale sum_d |q_d k_jd| + 2^-22 (|mask_j| + |bias_j| + |z_j|)`
-//! (the f32 scores: the matrix unit's accumulation, then the roundings of
-//! `z`; an exponential moves by its argument's absolute error), `dz_max`
-//! the same for the row's maximum plus `2^-22 |max|`, and the last term
-//! the f16 underflow of tiny weights. A row whose scores hold NaN or +inf,
-//! or are all -inf (a bias row of -inf), is NaN (as `torch.softmax`); a
-//! label mask never masks a whole row (a token shares its own region).
+//! `dz_j = 2^-17 (scale sum_d |q_d k_jd| + |bias_j|) + 2^-11 |mask_j|
+//! + 2^-22 (|bias_j| + |z_j|)` (the f32 scores: the matrix unit's
+//! accumulation of q . k and the bias, the mask's f16 form, then the
+//! roundings of the exponent's argument; an exponential moves by its
+//! argument's absolute error), `dz_max` the same for the row's maximum
+//! plus `2^-22 |max|`, and the last term the f16 underflow of tiny
+//! weights.
 //!
 //! BENCHMARKS.md records the worst errors of the kernel, of SDPA and of
 //! PyTorch's unfused f16 chain against this bound on the H200.
