@@ -70,14 +70,14 @@ pub struct AttnRow {
 /// `softmax(scale * q.k_j + mask_j + bias_j) . v` for one query `q` over
 /// the keys `k[j]` and values `v[j]` (every input as the kernel sees it,
 /// in f64); `None` where the row is NaN (a NaN or +inf score, or all -inf).
-/// The tolerance is the documented bound, per channel:
-/// `ulp(out) / 2 + ulp(M) + sum_j p_j |v_j| dz_j + M dz_max
-/// + 2^-24 sum_j |v_j| / sum_j e_j`, with `M = sum_j p_j |v_j|` and
-/// `dz_j = 2^-17 (scale sum_d |q_d k_jd| + |bias_j|) + 2^-11 |mask_j| +
-/// 2^-22 (|bias_j| + |z_j|)` (f32 scores: the matrix unit's accumulation
-/// of q . k and the bias, the mask's f16 form, then the roundings of the
-/// exponent's argument), `dz_max` that of the row's maximum plus `2^-22 |max|` (the
-/// exponent's `fma`).
+/// The tolerance is the documented bound, per channel: `ulp(out) / 2 +
+/// ulp(M) + sum_j p_j |v_j| dz_j + M dz_max + 2^-24 sum_j |v_j| / sum_j
+/// e_j`, with `M = sum_j p_j |v_j|` and `dz_j = 2^-17 (scale sum_d |q_d
+/// k_jd| + |bias_j|) + 2^-11 |mask_j| + 2^-22 (|bias_j| + |z_j|)` (f32
+/// scores: the matrix unit's accumulation of q . k and the bias, the
+/// mask's f16 form, then the roundings of the exponent's argument),
+/// `dz_max` that of the row's maximum plus `2^-22 |max|` (the exponent's
+/// `fma`).
 pub fn attention_row(
     q: &[f64],
     k: &[Vec<f64>],

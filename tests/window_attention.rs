@@ -325,9 +325,9 @@ fn large_biases_keep_their_exact_scale() {
     let u: Vec<f16> = (0..D).map(|_| f16::from_f64(2.0 * rng.normal())).collect();
     for t in 0..T {
         let a = f16::from_f64(32.0 * (rng.unit() - 0.5));
-        for d in 0..D {
-            c.qkv[t * 3 * D + d] = u[d];
-            c.qkv[t * 3 * D + D + d] = f16::from_f64(a.to_f64() * u[d].to_f64());
+        for (d, &ud) in u.iter().enumerate() {
+            c.qkv[t * 3 * D + d] = ud;
+            c.qkv[t * 3 * D + D + d] = f16::from_f64(a.to_f64() * ud.to_f64());
         }
     }
     let scale = c.p.scale as f64;

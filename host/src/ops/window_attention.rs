@@ -53,8 +53,8 @@
 //! where `ulp` is the f16 ulp, `p` the exact probabilities,
 //! `M = sum_j p_j |v_j|` (the rounding of `p` to f16 moves the weighted sum
 //! by up to `2^-11 M < ulp(M)`, as in PyTorch's unfused chain),
-//! `dz_j = 2^-17 (scale sum_d |q_d k_jd| + |bias_j|) + 2^-11 |mask_j|
-//! + 2^-22 (|bias_j| + |z_j|)` (the f32 scores: the matrix unit's
+//! `dz_j = 2^-17 (scale sum_d |q_d k_jd| + |bias_j|) + 2^-11 |mask_j| +
+//! 2^-22 (|bias_j| + |z_j|)` (the f32 scores: the matrix unit's
 //! accumulation of q . k and the bias, the mask's f16 form, then the
 //! roundings of the exponent's argument; an exponential moves by its
 //! argument's absolute error), `dz_max` the same for the row's maximum
