@@ -346,6 +346,19 @@ fn large_biases_keep_their_exact_scale() {
 }
 
 #[test]
+fn masks_at_the_smallest_scales() {
+    // Below about 2^-9.4 the mask in units of 1 / scale is no finite f16:
+    // masked windows take the exact path; the bound holds either side.
+    for (scale, seed) in [(1.0f32 / 16384.0, 41), (1e-3, 42), (2e-3, 43)] {
+        let mut c = make_case(seed, 2, 2, 1, Some(3), 4.0, false, 0);
+        c.p.scale = scale;
+        for dev in devices() {
+            check(&dev, &c).unwrap_or_else(|e| panic!("scale {scale}: {e}"));
+        }
+    }
+}
+
+#[test]
 fn fully_masked_rows_are_nan_like_torch() {
     // A label mask never masks a whole row; a bias row of -inf does.
     let mut c = make_case(34, 1, 1, 1, Some(1), 1.0, false, 0);

@@ -25,7 +25,8 @@
 //!   the mask `m_ij` exactly 0 within a region and `mh = f16(-100 /
 //!   scale)` across it (one-hot region rows times one-hot key rows on the
 //!   matrix unit, [`ONEHOT`], for windows of up to
-//!   [`ATTN_ONEHOT_REGIONS`] regions; none for a window of one region), so
+//!   [`ATTN_ONEHOT_REGIONS`] regions where `mh` is finite, `scale` above
+//!   about 2^-9.4; none for a window of one region), so
 //!   `scale a` is `z = scale s + bias + mask` up to the accumulation's
 //!   rounding, with the mask `-100 (1 + d)`, `|d| <= 2^-11`;
 //! - `m = max_j a` (f32, exact; `scale > 0`);
@@ -51,9 +52,10 @@
 //! with the bias read from memory, so `-inf` entries get weight 0 and a
 //! row is NaN exactly where `torch.softmax`'s is: a row whose `z` holds
 //! NaN or +inf, or only -inf (a bias row of -inf); a label mask never
-//! masks a whole row (a token shares its own region). Windows of more
-//! than [`ATTN_ONEHOT_REGIONS`] regions (not Pangu's or Swin's) take this
-//! path for every strip.
+//! masks a whole row (a token shares its own region). Masked windows of
+//! more than [`ATTN_ONEHOT_REGIONS`] regions (not Pangu's or Swin's), or
+//! at a scale where `mh` is not a finite f16, take this path for every
+//! strip.
 //!
 //! Layout: one workgroup of [`ATTN_WAVES`] waves per (window, head)
 //! (`block_id = window * heads + head`). The q, k and v tiles (144 x 32)
@@ -318,16 +320,17 @@ unsafe fn prefetch_bias(bp: *const u16, buf: *mut u16, strip: usize) {
     }
 }
 
-/// How a strip adds the mask: none (also a window whose labels are all
-/// equal: `z + 0` is `z`), by comparing labels per element, or on the
-/// matrix unit from one-hot rows ([`mask_mode`]).
+/// How a window's strips add the mask: none (also a window whose labels
+/// are all equal: `z + 0` is `z`), on the matrix unit from one-hot rows,
+/// or by comparing labels per element on the exact path ([`exact_strip`],
+/// every strip; [`mask_mode`]).
 const NO_MASK: u8 = 0;
 const LABELS: u8 = 1;
 const ONEHOT: u8 = 2;
 
 /// Where a wave's strips read from: the staged q, k, v tiles, the wave's
 /// bias strip buffer, the (type, head) bias tile in global memory, the
-/// window's labels.
+/// window's labels and its one-hot key tile.
 #[derive(Clone, Copy)]
 struct Tiles {
     q: *const u16,
@@ -727,7 +730,14 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
             labels: lab,
             onehot: oh,
         };
-        match if MASK { mask_mode(lab) } else { NO_MASK } {
+        // The one-hot product needs the mask in units of 1 / scale as a
+        // finite f16 (scale above about 2^-9.4); smaller scales take the
+        // exact path.
+        let mode = match if MASK { mask_mode(lab) } else { NO_MASK } {
+            ONEHOT if !gpu::h2f(gpu::f2h(ATTN_MASK_NEG / a.scale)).is_finite() => LABELS,
+            m => m,
+        };
+        match mode {
             NO_MASK => strips::<M, NO_MASK>(&a, l, wave, w, h),
             ONEHOT => {
                 // SAFETY: the labels are in 0..ONE (mask_mode); the tile

@@ -180,12 +180,17 @@ fn renumbered(labels: &[i32], tokens: usize) -> Vec<i32> {
         number.fill(-1);
         let mut next = 0;
         for &l in slot {
-            let n = &mut number[l as usize];
-            if *n < 0 {
-                *n = next;
-                next += 1;
+            match number.get_mut(l as usize) {
+                Some(n) => {
+                    if *n < 0 {
+                        *n = next;
+                        next += 1;
+                    }
+                    out.push(*n);
+                }
+                // Not reached: the caller checked every label.
+                None => out.push(l),
             }
-            out.push(*n);
         }
     }
     out
@@ -199,4 +204,15 @@ pub struct RegionMask<'a> {
     pub labels: &'a RegionLabels,
     /// Window -> slot.
     pub slot: &'a WindowTable,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::renumbered;
+
+    #[test]
+    fn labels_are_renumbered_per_slot_in_order_of_first_occurrence() {
+        let l = [4, 4, 3, 4, 0, 1, 1, 4, 1, 2];
+        assert_eq!(renumbered(&l, 5), [0, 0, 1, 0, 2, 0, 0, 1, 0, 2]);
+    }
 }
