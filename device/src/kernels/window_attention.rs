@@ -371,8 +371,8 @@ impl<M: Mma> Scale<M> {
     }
 }
 
-/// The label of key `j` and the lane's rows' labels: whether row slot `r`
-/// and key `j` lie in one region.
+/// Whether key `j` (its label in workgroup memory) lies in the region
+/// `lrow` of a query row.
 ///
 /// # Safety
 /// `labels` valid for 144 entries, `j < 144`.
