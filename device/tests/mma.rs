@@ -7,7 +7,7 @@
 use half::f16;
 use std::sync::Mutex;
 use wavefuse_device::emu::{EmuError, LaunchConfig, MatrixOp, MatrixRegs, launch, run_matrix};
-use wavefuse_device::gpu::mma::{MatrixKernel, Mma};
+use wavefuse_device::gpu::mma::{MatrixKernel, Mma, Swizzle, Tile};
 use wavefuse_device::gpu::{self, thread_id};
 
 fn cfg(block: u32, wave: u32) -> LaunchConfig {
@@ -290,8 +290,27 @@ fn matrix_instructions_need_their_wave_size_and_the_whole_wave() {
 
 // ---- the facade: loads from workgroup memory, mma, coordinates ----
 
-/// Tile row stride in workgroup memory (halves): padded like a kernel's.
-const S: usize = 24;
+/// Tile row stride in workgroup memory (halves): 4 chunks, so every
+/// swizzle keeps a chunk in its row. The operands are the 16x16 parts at
+/// column 16 of rows 0, 16 and 32 (the swizzle's XOR then crosses the
+/// part's first column, as the kernel's second key half does).
+const S: usize = 32;
+/// Column of the operands' parts.
+const C0: usize = 16;
+
+/// Where element `(r, c)` of the test's tile lies under swizzle `sw`, by
+/// the layout `Swizzle`'s docs state (written out here, not the facade's
+/// `Tile::at`).
+fn swizzled(sw: Swizzle, r: usize, c: usize) -> usize {
+    let x = if sw == Swizzle::PAIRS {
+        (r >> 2) & 1
+    } else if sw == Swizzle::QUADS {
+        (r >> 1) & 3
+    } else {
+        0
+    };
+    r * S + 8 * ((c / 8) ^ x) + c % 8
+}
 
 /// How the facade test forms its product.
 #[derive(Clone, Copy)]
@@ -318,6 +337,7 @@ struct Facade {
     b: usize,
     out: usize,
     form: Form,
+    sw: Swizzle,
 }
 
 /// Element `(i, k)` of the facade test's `A` (16x16 row-major).
@@ -335,44 +355,48 @@ impl MatrixKernel for Facade {
         if t == 0 {
             for i in 0..16 {
                 for k in 0..16 {
-                    // SAFETY: 16x16 inputs; three tiles of 16 x S halves
-                    // fit in the 4096-byte workgroup memory.
+                    // SAFETY: 16x16 inputs; 48 rows of S halves fit in
+                    // the 4096-byte workgroup memory.
                     unsafe {
-                        m.add(i * S + k).write((*a.add(i * 16 + k)).to_bits());
+                        let at = |r: usize| m.add(swizzled(self.sw, r, C0 + k));
+                        at(i).write((*a.add(i * 16 + k)).to_bits());
                         let bt = match self.form {
                             Form::Nt | Form::QuadsNt => *b.add(k * 16 + i),
                             _ => *b.add(i * 16 + k),
                         };
-                        m.add(16 * S + i * S + k).write(bt.to_bits());
+                        at(16 + i).write(bt.to_bits());
                         let id = if i == k { f16::ONE } else { f16::ZERO };
-                        m.add(32 * S + i * S + k).write(id.to_bits());
+                        at(32 + i).write(id.to_bits());
                     }
                 }
             }
         }
         gpu::barrier();
-        // SAFETY: the tiles above, 16-byte aligned rows (S = 24 halves).
+        let t = Tile::new(m, S, self.sw);
+        // The quad-order loads take an unswizzled tile (the part's origin).
+        let q = |r: usize| m.wrapping_add(r * S + C0).cast_const();
+        // SAFETY: the tiles above, 16-byte aligned rows (S = 32 halves).
         let acc = unsafe {
-            let a = M::load_a(m, S);
+            let a = M::load_a(t, 0, C0);
             match self.form {
-                Form::Nn => M::mma(a, M::load_b(m.add(16 * S), S), M::zero()),
-                Form::Nt => M::mma(a, M::load_b_t(m.add(16 * S), S), M::zero()),
+                Form::Nn => M::mma(a, M::load_b(t, 16, C0), M::zero()),
+                Form::Nt => M::mma(a, M::load_b_t(t, 16, C0), M::zero()),
                 Form::Reuse => {
-                    let c = M::mma(a, M::load_b(m.add(32 * S), S), M::zero());
-                    M::mma(M::to_a(c), M::load_b(m.add(16 * S), S), M::zero())
+                    let c = M::mma(a, M::load_b(t, 32, C0), M::zero());
+                    M::mma(M::to_a(c), M::load_b(t, 16, C0), M::zero())
                 }
-                Form::QuadsNt => M::mma(a, M::load_b_t_quads(m.add(16 * S), S), M::zero()),
+                Form::QuadsNt => M::mma(a, M::load_b_t_quads(q(16), S), M::zero()),
                 Form::QuadsReuse => {
-                    let c = M::mma(a, M::load_b_t_quads(m.add(32 * S), S), M::zero());
-                    M::mma(M::to_a(c), M::load_b_quads(m.add(16 * S), S), M::zero())
+                    let c = M::mma(a, M::load_b_t_quads(q(32), S), M::zero());
+                    M::mma(M::to_a(c), M::load_b_quads(q(16), S), M::zero())
                 }
                 Form::Scaled => {
-                    let c = M::mma(a, M::load_b(m.add(16 * S), S), M::zero());
+                    let c = M::mma(a, M::load_b(t, 16, C0), M::zero());
                     M::add_scaled(a, M::diag(f16::from_f32(2.5).to_bits()), c)
                 }
                 Form::AOf => {
                     let af = M::a_of(|i, k| self_a(&self, i, k).to_bits());
-                    M::mma(af, M::load_b(m.add(16 * S), S), M::zero())
+                    M::mma(af, M::load_b(t, 16, C0), M::zero())
                 }
             }
         };
@@ -398,7 +422,7 @@ impl MatrixKernel for Facade {
     }
 }
 
-fn facade_product(wave: u32, form: Form, seed: u64) -> (Vec<f32>, Vec<f32>) {
+fn facade_product(wave: u32, form: Form, sw: Swizzle, seed: u64) -> (Vec<f32>, Vec<f32>) {
     let (a, b) = (matrix(seed, 16, 16), matrix(seed + 1, 16, 16));
     let want = match form {
         Form::Scaled => product(&a, &b, 16)
@@ -420,6 +444,7 @@ fn facade_product(wave: u32, form: Form, seed: u64) -> (Vec<f32>, Vec<f32>) {
             b: pb,
             out: po,
             form,
+            sw,
         })
     })
     .expect("launch");
@@ -438,9 +463,16 @@ fn facade_products_match_in_both_wave_modes() {
             (Form::Scaled, "scaled"),
             (Form::AOf, "a_of"),
         ] {
-            for seed in [11, 12, 13] {
-                let (got, want) = facade_product(wave, form, seed);
-                assert_eq!(got, want, "wave{wave} {name} seed {seed}");
+            // The quad-order loads read unswizzled tiles only.
+            let quads = matches!(form, Form::QuadsNt | Form::QuadsReuse);
+            for sw in [Swizzle::NONE, Swizzle::PAIRS, Swizzle::QUADS] {
+                if quads && sw != Swizzle::NONE {
+                    continue;
+                }
+                for seed in [11, 12, 13] {
+                    let (got, want) = facade_product(wave, form, sw, seed);
+                    assert_eq!(got, want, "wave{wave} {name} {sw:?} seed {seed}");
+                }
             }
         }
     }
@@ -529,7 +561,8 @@ fn facade_with_a_wrong_layout_is_wrong() {
             }
             gpu::barrier();
             // SAFETY: as above. `load_b_t` where `load_b` belongs.
-            let acc = unsafe { M::mma(M::load_a(m, S), M::load_b_t(m.add(16 * S), S), M::zero()) };
+            let t = Tile::new(m, S, Swizzle::NONE);
+            let acc = unsafe { M::mma(M::load_a(t, 0, 0), M::load_b_t(t, 16, 0), M::zero()) };
             for e in 0..M::ACC_LEN {
                 let (i, j) = (M::acc_row(e) as usize, M::acc_col(e) as usize);
                 // SAFETY: 16x16 output.
@@ -562,5 +595,25 @@ fn facade_with_a_wrong_layout_is_wrong() {
             "wave{wave}: every element written"
         );
         assert_ne!(out, product(&a, &b, 16), "wave{wave}");
+    }
+}
+
+/// `Tile::at` places each row's chunks by the documented swizzle (a
+/// permutation of the row's chunks), and the same for every 8-row step.
+#[test]
+fn tile_addresses_follow_the_swizzle() {
+    let base = 0x1000 as *const u16;
+    for sw in [Swizzle::NONE, Swizzle::PAIRS, Swizzle::QUADS] {
+        let t = Tile::new(base, S, sw);
+        for r in 0..48 {
+            let mut seen = [false; S];
+            for c in 0..S {
+                let at = (t.at(r, c) as usize - base as usize) / 2;
+                assert_eq!(at, swizzled(sw, r, c), "{sw:?} ({r}, {c})");
+                seen[at - r * S] = true;
+            }
+            assert!(seen.iter().all(|&x| x), "{sw:?} row {r} is a permutation");
+            assert_eq!(sw.of(r as u32), sw.of((r % 8) as u32), "{sw:?} row {r}");
+        }
     }
 }

@@ -58,13 +58,14 @@ pub const ATTN_SCALE_MAX: f32 = 8.0;
 /// head; wave `w` takes the 16-row query strips `w, w + 3, w + 6`).
 pub const ATTN_WAVES: u32 = 3;
 /// Window attention: row stride of the q, k, v tiles in workgroup memory
-/// (halves): 32 + 8 of padding, so the eight 16-byte rows one `ldmatrix`
-/// phase reads (80 bytes apart) fall in distinct bank groups.
+/// on AMD (halves): 32 + 8 of padding, so the rows a wave's reads meet
+/// fall in distinct bank groups. NVIDIA builds store dense 64-byte rows
+/// with swizzled chunks in the same space (the device facade's
+/// `Mma::DENSE_TILES`).
 pub const ATTN_LDS_STRIDE: u32 = 40;
-/// Window attention: row stride of each wave's bias strip buffer in
-/// workgroup memory (halves): 144 + 8 of padding, so the eight 16-byte
-/// rows one `ldmatrix` phase reads (304 bytes apart) fall in distinct bank
-/// groups.
+/// Window attention: row stride of each wave's bias strip buffer on AMD
+/// (halves): 144 + 8 of padding (NVIDIA: dense swizzled 288-byte rows in
+/// the same space).
 pub const ATTN_BIAS_STRIDE: u32 = 152;
 /// Window attention: byte offset of the window's 144 region labels (i32)
 /// in workgroup memory, after the q, k and v tiles and each wave's bias

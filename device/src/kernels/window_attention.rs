@@ -61,12 +61,15 @@
 //! (`block_id = window * heads + head`). The q, k and v tiles (144 x 32)
 //! and the window's 144 labels are copied to workgroup memory in 16-byte
 //! pieces ([`gpu::copy_to_workgroup`]: `cp.async` on NVIDIA, so no
-//! registers hold them in flight), tile rows padded to [`ATTN_LDS_STRIDE`];
-//! a masked window of up to [`ATTN_ONEHOT_REGIONS`] regions writes its
-//! one-hot key tile. Each wave then takes the 16-row query strips `w, w +
-//! 3, w + 6`: the strip's 16 x 144 scores stay in registers as nine 16x16
+//! registers hold them in flight; each eight threads fill 128 contiguous
+//! bytes), in the target's `Layout` (NVIDIA: dense rows with swizzled
+//! 16-byte chunks; AMD: rows padded to [`ATTN_LDS_STRIDE`]); a masked
+//! window of up to [`ATTN_ONEHOT_REGIONS`] regions writes its one-hot key
+//! tile. Each wave then takes the 16-row query strips `w, w + 3, w + 6`:
+//! the strip's 16 x 144 scores stay in registers as nine 16x16
 //! accumulators; the strip's bias rows come from a per-wave buffer in
-//! workgroup memory (rows padded to [`ATTN_BIAS_STRIDE`]), copied in
+//! workgroup memory (NVIDIA: the rows as they lie in memory, chunk pairs
+//! swizzled; AMD: rows padded to [`ATTN_BIAS_STRIDE`]), copied in
 //! 16-byte pieces while the previous strip finished (read straight from
 //! L2 in the accumulator layout they kept L2 at 71% of its throughput and
 //! the kernel 13% slower on the H200: BENCHMARKS.md) and read as left
@@ -78,7 +81,7 @@
 //! On NVIDIA the entry points carry launch bounds (`cargo xtask kernels`
 //! writes `.maxntid 96` and `.minnctapersm 4` into the PTX): without them
 //! ptxas took 176 registers and 3 workgroups fit an SM.
-use crate::gpu::mma::{MAX_ROWS, MatrixKernel, Mma};
+use crate::gpu::mma::{MAX_ROWS, MatrixKernel, Mma, Swizzle, Tile};
 use crate::gpu::{self, pack2};
 use crate::vec::{V8, load8_bits, store8_bits};
 use wavefuse_shared::geometry::{
@@ -98,7 +101,7 @@ const STRIPS: usize = T / 16;
 /// 16-byte vectors of q, k and v per thread: 18 for three warps of 32 (9
 /// of them used for three waves of 64).
 const PER_THREAD: usize = 3 * T * D / 8 / (ATTN_WAVES as usize * 32);
-const _: () = assert!(T.is_multiple_of(16) && (ATTN_WAVES * 32).is_multiple_of(12));
+const _: () = assert!(T.is_multiple_of(16) && (ATTN_WAVES * 32).is_multiple_of(24));
 const _: () = assert!(PER_THREAD == 18 && T.is_multiple_of(ATTN_WAVES as usize * 64 / 12));
 
 /// The kernel's arguments (see [`window_attention`]).
@@ -121,23 +124,73 @@ struct Attention<const MASK: bool>(Args);
 
 /// This thread's share of the window's q, k and v copy: `(t0, part, c,
 /// rows)`: token rows `t0, t0 + rows, ..`, part `part` (q, k, v), quarter
-/// `c` of the head row (16 bytes). The workgroup's thread count is a
-/// multiple of 12, so part and quarter are the same for all of a thread's
-/// pieces and its addresses advance by constant steps (index arithmetic
-/// per piece, with 64-bit divisions by 12, was a third of the kernel's
-/// instructions).
+/// `c` of the head row (16 bytes). Each eight threads copy two consecutive
+/// tokens of one part, so they fill 128 contiguous bytes of a tile (the
+/// H200 splits a `cp.async` whose quarter-warp spans more into extra L2
+/// requests). The workgroup's thread count is a multiple of 24, so part
+/// and quarter are the same for all of a thread's pieces and its addresses
+/// advance by constant steps (index arithmetic per piece, with 64-bit
+/// divisions by 12, was a third of the kernel's instructions).
 #[inline(always)]
 fn qkv_share() -> (usize, usize, usize, usize) {
     let tid = gpu::thread_id();
     let threads = ATTN_WAVES * gpu::wave_size();
-    let c12 = tid % 12;
     (
-        (tid / 12) as usize,
-        (c12 / 4) as usize,
-        (c12 % 4) as usize,
+        (2 * (tid / 24) + (tid / 4) % 2) as usize,
+        ((tid / 8) % 3) as usize,
+        (tid % 4) as usize,
         (threads / 12) as usize,
     )
 }
+
+/// Where the staged q, k, v tiles and the bias strip buffers lie, for the
+/// target's matrix unit ([`Mma::DENSE_TILES`]): dense swizzled rows (q, k,
+/// v rows of 64 bytes, [`Swizzle::QUADS`]; bias rows of 288 bytes,
+/// [`Swizzle::PAIRS`]) on NVIDIA, rows padded to [`ATTN_LDS_STRIDE`] and
+/// [`ATTN_BIAS_STRIDE`] halves on AMD (the geometry's space, which holds
+/// either).
+#[derive(Clone, Copy)]
+struct Layout {
+    ls: usize,
+    bs: usize,
+    qkv: Swizzle,
+    bias: Swizzle,
+}
+
+impl Layout {
+    #[inline(always)]
+    fn of<M: Mma>() -> Self {
+        if M::DENSE_TILES {
+            Layout {
+                ls: D,
+                bs: T,
+                qkv: Swizzle::QUADS,
+                bias: Swizzle::PAIRS,
+            }
+        } else {
+            Layout {
+                ls: LS,
+                bs: BS,
+                qkv: Swizzle::NONE,
+                bias: Swizzle::NONE,
+            }
+        }
+    }
+
+    /// Part `part` (q, k, v) of the staged tiles at `lds`.
+    #[inline(always)]
+    fn qkv(self, lds: *mut u16, part: usize) -> Tile {
+        Tile::new(lds.wrapping_add(part * T * self.ls), self.ls, self.qkv)
+    }
+
+    /// Wave `wave`'s bias strip buffer.
+    #[inline(always)]
+    fn buf(self, lds: *mut u16, wave: usize) -> Tile {
+        let p = lds.wrapping_add(3 * T * self.ls + wave * 16 * self.bs);
+        Tile::new(p, self.bs, self.bias)
+    }
+}
+const _: () = assert!(D <= LS && T <= BS);
 
 /// Copies the window's q, k and v rows of head `h` into workgroup memory
 /// (all loads issued before the stores), adding the QKV bias.
@@ -147,7 +200,7 @@ fn qkv_share() -> (usize, usize, usize, usize) {
 // Index loops over register arrays unroll; iterators do not always.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn stage(a: &Args, lds: *mut u16, w: usize, h: usize) {
+unsafe fn stage(a: &Args, lay: Layout, lds: *mut u16, w: usize, h: usize) {
     let ch = a.heads as usize * D;
     let (t0, part, c, rows) = qkv_share();
     // A constant on the GPU targets (18 or 9), so the unused slots of the
@@ -156,7 +209,8 @@ unsafe fn stage(a: &Args, lds: *mut u16, w: usize, h: usize) {
     let src = a
         .qkv
         .wrapping_add((w * T + t0) * 3 * ch + part * ch + h * D + 8 * c);
-    let dst = lds.wrapping_add((part * T + t0) * LS + 8 * c);
+    // Rows t0 + j rows keep t0's swizzle (rows is a multiple of 8).
+    let dst = lay.qkv(lds, part).at(t0, 8 * c).cast_mut();
     // SAFETY: part * C + h * 32 + 8c < 3C; aligned (caller).
     let b = unsafe { load8_bits(a.qkv_bias.add(part * ch + h * D + 8 * c)) };
     let mut v = [[0u32; 4]; PER_THREAD];
@@ -176,7 +230,7 @@ unsafe fn stage(a: &Args, lds: *mut u16, w: usize, h: usize) {
         if j < per {
             // SAFETY: inside the three tiles; rows of 80 bytes keep the
             // 16-byte alignment.
-            unsafe { store8_bits(dst.add(j * rows * LS), V8(v[j])) };
+            unsafe { store8_bits(dst.add(j * rows * lay.ls), V8(v[j])) };
         }
     });
 }
@@ -187,20 +241,21 @@ unsafe fn stage(a: &Args, lds: *mut u16, w: usize, h: usize) {
 /// # Safety
 /// As for [`stage`].
 #[inline(always)]
-unsafe fn copy(a: &Args, lds: *mut u16, w: usize, h: usize) {
+unsafe fn copy(a: &Args, lay: Layout, lds: *mut u16, w: usize, h: usize) {
     let ch = a.heads as usize * D;
     let (t0, part, c, rows) = qkv_share();
     let mut src = a
         .qkv
         .wrapping_add((w * T + t0) * 3 * ch + part * ch + h * D + 8 * c);
-    let mut dst = lds.wrapping_add((part * T + t0) * LS + 8 * c);
+    // Rows t0 + j rows keep t0's swizzle (rows is a multiple of 8).
+    let mut dst = lay.qkv(lds, part).at(t0, 8 * c).cast_mut();
     let mut t = t0;
     while t < T {
         // SAFETY: token row t < 144 of the window in qkv, the destination
         // in the tiles; both 16-byte aligned (caller).
         unsafe { gpu::copy_to_workgroup(dst, src) };
         src = src.wrapping_add(rows * 3 * ch);
-        dst = dst.wrapping_add(rows * LS);
+        dst = dst.wrapping_add(rows * lay.ls);
         t += rows;
     }
     gpu::copy_to_workgroup_wait();
@@ -284,13 +339,13 @@ unsafe fn write_onehot(lab: *const i32, oh: *mut u16) {
 
 /// Starts copying the bias rows of query strip `strip` to this wave's
 /// buffer `buf`: 16 rows of 144 halves (4,608 bytes, 16-byte pieces
-/// spread over the wave), rows [`BS`] halves apart in the buffer.
+/// spread over the wave), in place up to the buffer's swizzle.
 ///
 /// # Safety
 /// `bp` the (type, head) bias tile, `buf` 16 x [`BS`] halves of workgroup
 /// memory; both 16-byte aligned.
 #[inline(always)]
-unsafe fn prefetch_bias(bp: *const u16, buf: *mut u16, strip: usize) {
+unsafe fn prefetch_bias(bp: *const u16, buf: Tile, strip: usize) {
     const ROW: usize = T / 8;
     const PIECES: usize = 16 * ROW;
     let ws = gpu::wave_size() as usize;
@@ -306,7 +361,7 @@ unsafe fn prefetch_bias(bp: *const u16, buf: *mut u16, strip: usize) {
         if c < PIECES {
             // SAFETY: piece c of the strip's rows (row 16 strip + row <
             // 144 of the tile) and of the buffer.
-            unsafe { gpu::copy_to_workgroup(buf.add(row * BS + 8 * col), src.add(8 * c)) };
+            unsafe { gpu::copy_to_workgroup(buf.at(row, 8 * col).cast_mut(), src.add(8 * c)) };
         }
         row += drow;
         col += dcol;
@@ -333,13 +388,13 @@ const ONEHOT: u8 = 2;
 /// window's labels and its one-hot key tile.
 #[derive(Clone, Copy)]
 struct Tiles {
-    q: *const u16,
-    k: *const u16,
-    v: *const u16,
-    buf: *mut u16,
+    q: Tile,
+    k: Tile,
+    v: Tile,
+    buf: Tile,
     bias: *const u16,
     labels: *const i32,
-    onehot: *const u16,
+    onehot: Tile,
 }
 
 /// The scale's constants: `1 / scale` as two f16 diagonals for the
@@ -388,14 +443,8 @@ unsafe fn same_region(labels: *const i32, j: usize, lrow: i32) -> bool {
 /// The staged q tile; `r0 + 16 <= 144`.
 #[inline(always)]
 unsafe fn strip_q<M: Mma>(l: Tiles, r0: usize) -> (M::A, M::A) {
-    // SAFETY: rows r0..r0 + 16 of the q tile (16-byte aligned rows of LS
-    // halves in workgroup memory).
-    unsafe {
-        (
-            M::load_a(l.q.add(r0 * LS), LS),
-            M::load_a(l.q.add(r0 * LS + 16), LS),
-        )
-    }
+    // SAFETY: rows r0..r0 + 16 of the q tile (in workgroup memory).
+    unsafe { (M::load_a(l.q, r0, 0), M::load_a(l.q, r0, 16)) }
 }
 
 /// The strip's weights from its scores in `s` (in place) and each row's
@@ -474,10 +523,7 @@ unsafe fn exact_strip<M: Mma, const MODE: u8>(
     // Tile n's z in place of its scores.
     let z_of = |n: usize| {
         // SAFETY: the staged k tile (caller contract).
-        let (k0, k1) = unsafe {
-            let p = l.k.add(16 * n * LS);
-            (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS))
-        };
+        let (k0, k1) = unsafe { (M::load_b_t(l.k, 16 * n, 0), M::load_b_t(l.k, 16 * n, 16)) };
         let mut s = M::mma(q.1, k1, M::mma(q.0, k0, M::zero()));
         let acc = s.as_mut();
         for e in 0..M::ACC_LEN {
@@ -520,10 +566,7 @@ unsafe fn exact_strip<M: Mma, const MODE: u8>(
             sum[r] += acc[e];
         }
         // SAFETY: the staged v tile (caller contract).
-        let (v0, v1) = unsafe {
-            let p = l.v.add(16 * n * LS);
-            (M::load_b(p, LS), M::load_b(p.add(16), LS))
-        };
+        let (v0, v1) = unsafe { (M::load_b(l.v, 16 * n, 0), M::load_b(l.v, 16 * n, 16)) };
         let p = M::to_a(s);
         o0 = M::mma(p, v0, o0);
         o1 = M::mma(p, v1, o1);
@@ -616,14 +659,17 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             // SAFETY: as above; the bias tile is rows 0..16, columns
             // 16n..16n + 16 of the wave's buffer.
             let (k0, k1, bt) = unsafe {
-                let p = l.k.add(16 * n * LS);
-                (M::load_b_t(p, LS), M::load_b_t(p.add(16), LS), M::load_a(l.buf.add(16 * n), BS))
+                (
+                    M::load_b_t(l.k, 16 * n, 0),
+                    M::load_b_t(l.k, 16 * n, 16),
+                    M::load_a(l.buf, 0, 16 * n),
+                )
             };
             // The mask first, exactly 0 or `mh`: the matrix unit's sum then
             // starts from it.
             let acc = if MODE == ONEHOT {
                 // SAFETY: rows 16n..16n + 16 of the one-hot key tile.
-                let koh = unsafe { M::load_b_t(l.onehot.add(16 * n * OS), OS) };
+                let koh = unsafe { M::load_b_t(l.onehot, 16 * n, 0) };
                 M::mma(aoh, koh, M::zero())
             } else {
                 M::zero()
@@ -657,10 +703,7 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
         let (mut o0, mut o1) = (M::zero(), M::zero());
         crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
             // SAFETY: as for the k tiles.
-            let (v0, v1) = unsafe {
-                let p = l.v.add(16 * n * LS);
-                (M::load_b(p, LS), M::load_b(p.add(16), LS))
-            };
+            let (v0, v1) = unsafe { (M::load_b(l.v, 16 * n, 0), M::load_b(l.v, 16 * n, 16)) };
             o0 = M::mma(p[n], v0, o0);
             o1 = M::mma(p[n], v1, o1);
             // One tile's v reads at a time on AMD: gfx908 budgets 64 VGPRs
@@ -691,6 +734,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         let tile = gpu::block_id();
         let (w, h) = ((tile / heads) as usize, (tile % heads) as usize);
         let lds = gpu::workgroup_mem::<u16>();
+        let lay = Layout::of::<M>();
         let lab = lds
             .wrapping_add(ATTN_LABEL_OFFSET as usize / 2)
             .cast::<i32>();
@@ -708,27 +752,27 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         // this thread's copies, the labels' among them.
         unsafe {
             if a.qkv_bias.is_null() {
-                copy(&a, lds, w, h)
+                copy(&a, lay, lds, w, h)
             } else {
-                stage(&a, lds, w, h);
+                stage(&a, lay, lds, w, h);
                 gpu::copy_to_workgroup_wait();
             }
         };
         // SAFETY: `lookup` trapped on types out of range.
         let bp = unsafe { a.bias.add((ty as usize * a.heads as usize + h) * T * T) };
         let wave = gpu::wave_uniform(gpu::thread_id() / gpu::wave_size()) as usize;
-        let buf = lds.wrapping_add(3 * T * LS + wave * 16 * BS);
+        let buf = lay.buf(lds, wave);
         // SAFETY: the wave's buffer; its first strip.
         unsafe { prefetch_bias(bp, buf, wave) };
         gpu::barrier();
         let l = Tiles {
-            q: lds,
-            k: lds.wrapping_add(T * LS),
-            v: lds.wrapping_add(2 * T * LS),
+            q: lay.qkv(lds, 0),
+            k: lay.qkv(lds, 1),
+            v: lay.qkv(lds, 2),
             buf,
             bias: bp,
             labels: lab,
-            onehot: oh,
+            onehot: Tile::new(oh, OS, Swizzle::NONE),
         };
         // The one-hot product needs the mask in units of 1 / scale as a
         // finite f16 (scale above about 2^-9.4); smaller scales take the

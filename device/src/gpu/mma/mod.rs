@@ -46,6 +46,76 @@ pub use warp32::Warp32;
 #[cfg(not(target_arch = "nvptx64"))]
 pub use wave64::Wave64;
 
+/// Where a [`Tile`]'s 16-byte chunks lie in its rows: chunk `c` (columns
+/// `8c..8c + 8`) of row `r` is stored at chunk `c ^ ((r >> shift) & mask)`.
+///
+/// Why: `ldmatrix` reads eight rows at one chunk per phase; in a dense
+/// tile those rows meet the same workgroup-memory banks. Padding the rows
+/// apart instead (the old layout) left the eight 16-byte `cp.async` pieces
+/// of a quarter-warp spread over two or more 128-byte spans of workgroup
+/// memory, and the H200 then split the copy's global reads into extra L2
+/// requests (window attention: 2.3 times the dense copy's read requests,
+/// BENCHMARKS.md, thirteenth session). A swizzled dense tile keeps both
+/// the copy and the reads conflict-free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Swizzle {
+    shift: u32,
+    mask: u32,
+}
+
+impl Swizzle {
+    /// Chunks in place.
+    pub const NONE: Self = Self { shift: 0, mask: 0 };
+    /// Chunk pairs swapped in rows 4..8 of every 8: conflict-free for rows
+    /// of an odd number of chunk pairs (the 288-byte bias rows).
+    pub const PAIRS: Self = Self { shift: 2, mask: 1 };
+    /// Chunks XORed with `(r >> 1) & 3`: conflict-free for 64-byte rows
+    /// (rows of a multiple of 4 chunks).
+    pub const QUADS: Self = Self { shift: 1, mask: 3 };
+
+    /// The XOR applied to the chunks of row `r`.
+    #[inline(always)]
+    pub const fn of(self, r: u32) -> u32 {
+        (r >> self.shift) & self.mask
+    }
+}
+
+/// A row-major f16 tile in workgroup memory: rows `stride` halves apart,
+/// chunks placed by a [`Swizzle`]. Rows must hold a multiple of `mask + 1`
+/// chunks, so the XOR keeps a chunk within its row.
+#[derive(Clone, Copy, Debug)]
+pub struct Tile {
+    p: *const u16,
+    stride: usize,
+    sw: Swizzle,
+}
+
+impl Tile {
+    /// The tile at `p` (16-byte aligned, `stride` a multiple of 8).
+    #[inline(always)]
+    pub const fn new(p: *const u16, stride: usize, sw: Swizzle) -> Self {
+        Tile { p, stride, sw }
+    }
+
+    /// Where columns `col..` of row `row` lie (at most to the end of
+    /// their 8-column chunk): the address of element `(row, col)`.
+    #[inline(always)]
+    pub fn at(self, row: usize, col: usize) -> *const u16 {
+        let c = (col / 8) ^ self.sw.of(row as u32) as usize;
+        self.p.wrapping_add(row * self.stride + 8 * c + col % 8)
+    }
+
+    /// [`Tile::at`] for row `row0 + r`, `row0` a multiple of 8: the
+    /// swizzle term is then `r`'s, the same for every 8-row step of one
+    /// lane (so it stays out of the loops).
+    #[inline(always)]
+    pub(crate) fn at_rel(self, row0: usize, r: u32, col: usize) -> *const u16 {
+        let c = (col / 8) ^ self.sw.of(r) as usize;
+        self.p
+            .wrapping_add((row0 + r as usize) * self.stride + 8 * c + col % 8)
+    }
+}
+
 /// The most distinct tile rows one lane's accumulator elements lie in (2
 /// for [`Warp32`], 1 for [`Wave64`]): the size of a kernel's per-row state
 /// arrays, of which it uses the first [`Mma::ROWS`].
@@ -68,6 +138,14 @@ pub trait Mma {
     /// A 16x16 f32 accumulator; `as_ref()[e]` is element `e` of this lane.
     type Acc: Copy + AsRef<[f32]> + AsMut<[f32]>;
 
+    /// Whether tiles for this unit's loads are best dense with swizzled
+    /// chunks ([`Swizzle`]) rather than padded: NVIDIA, where `ldmatrix`
+    /// reads eight 16-byte rows per phase and `cp.async` fills a tile in
+    /// 16-byte pieces (see [`Swizzle`]); not AMD, where the copies pass
+    /// through registers, the padded rows keep a wave's reads in distinct
+    /// banks as well, and the swizzle's extra per-lane addresses spilled
+    /// gfx908's 64-VGPR budget.
+    const DENSE_TILES: bool;
     /// An accumulator of zeros.
     fn zero() -> Self::Acc;
     /// Tile row (0..16) of this lane's accumulator element `e`.
@@ -84,23 +162,24 @@ pub trait Mma {
     /// Sum of `v` over the lanes holding elements of the same tile row, in
     /// a fixed order (every such lane gets the same bits).
     fn row_sum(v: f32) -> f32;
-    /// Left operand from a row-major tile: `A[i][k] = p[i * stride + k]`.
+    /// Left operand from the 16x16 part of tile `t` at row `row0`, column
+    /// `col0`: `A[i][k] = t[row0 + i][col0 + k]` ([`Tile::at`]).
     ///
     /// # Safety
-    /// `p` points into workgroup memory, 16-byte aligned, `stride` a
-    /// multiple of 8, and 16 rows of 16 halves are readable.
-    unsafe fn load_a(p: *const u16, stride: usize) -> Self::A;
+    /// `t` lies in workgroup memory and its rows `row0..row0 + 16`, columns
+    /// `col0..col0 + 16` are readable; `row0` and `col0` multiples of 8.
+    unsafe fn load_a(t: Tile, row0: usize, col0: usize) -> Self::A;
     /// Right operand from a tile stored by output column (the rows of `Y`
-    /// in `X * Y^T`): `B[k][j] = p[j * stride + k]`.
+    /// in `X * Y^T`): `B[k][j] = t[row0 + j][col0 + k]`.
     ///
     /// # Safety
     /// As for [`Mma::load_a`].
-    unsafe fn load_b_t(p: *const u16, stride: usize) -> Self::B;
-    /// Right operand from a row-major tile: `B[k][j] = p[k * stride + j]`.
+    unsafe fn load_b_t(t: Tile, row0: usize, col0: usize) -> Self::B;
+    /// Right operand from a row-major tile: `B[k][j] = t[row0 + k][col0 + j]`.
     ///
     /// # Safety
     /// As for [`Mma::load_a`].
-    unsafe fn load_b(p: *const u16, stride: usize) -> Self::B;
+    unsafe fn load_b(t: Tile, row0: usize, col0: usize) -> Self::B;
     /// First of the four consecutive tile columns that hold this lane's
     /// elements of each of its rows in an accumulator in quad order (see
     /// [`Mma::load_b_t_quads`]); a multiple of 4.
@@ -119,7 +198,9 @@ pub trait Mma {
     /// targets).
     ///
     /// # Safety
-    /// As for [`Mma::load_a`].
+    /// `p` points into workgroup memory, 16-byte aligned, `stride` a
+    /// multiple of 8, and 16 rows of 16 halves are readable (an unswizzled
+    /// tile).
     unsafe fn load_b_t_quads(p: *const u16, stride: usize) -> Self::B;
     /// The right operand that multiplies [`Mma::to_a`] of a quad-order
     /// accumulator: `mma(to_a(c), load_b_quads(p, s), d)` adds
@@ -128,7 +209,7 @@ pub trait Mma {
     /// same way).
     ///
     /// # Safety
-    /// As for [`Mma::load_a`].
+    /// As for [`Mma::load_b_t_quads`].
     unsafe fn load_b_quads(p: *const u16, stride: usize) -> Self::B;
     /// A left operand from its elements: `A[i][k] = f(i, k)` (f16 bits),
     /// `f` called for this lane's elements only.

@@ -20,7 +20,7 @@
 //! columns `2 (l % 4)..` of matrix `j` (`.trans`: rows `2 (l % 4)..` of
 //! column `l / 4`). The row addresses below pick the matrices so that the
 //! registers come out as the fragments above.
-use super::Mma;
+use super::{Mma, Tile};
 use crate::gpu::{imp, pack2, shfl_xor_f32, thread_id};
 
 /// NVIDIA's matrix unit for one warp (see the module docs).
@@ -33,16 +33,17 @@ fn lane() -> u32 {
 }
 
 /// Address of the row lane `lane()` supplies to an `ldmatrix.x4` whose
-/// matrix `j` covers tile rows `8 * rows[j]..` and columns `8 * cols[j]..`
-/// (bit masks, not arrays: a lane-indexed array would live in local memory).
+/// matrix `j` covers rows `row0 + 8 * rows[j]..` and columns `col0 + 8 *
+/// cols[j]..` of `t` (bit masks, not arrays: a lane-indexed array would
+/// live in local memory).
 #[inline(always)]
-fn row_addr(p: *const u16, stride: usize, rows: [u32; 4], cols: [u32; 4]) -> *const u16 {
+fn row_addr(t: Tile, row0: usize, col0: usize, rows: [u32; 4], cols: [u32; 4]) -> *const u16 {
     let bits = |m: [u32; 4]| m[0] | (m[1] << 1) | (m[2] << 2) | (m[3] << 3);
     let l = lane();
     let j = l / 8;
     let r = 8 * ((bits(rows) >> j) & 1) + l % 8;
-    let c = 8 * ((bits(cols) >> j) & 1);
-    p.wrapping_add(r as usize * stride + c as usize)
+    let c = 8 * ((bits(cols) >> j) & 1) as usize;
+    t.at_rel(row0, r, col0 + c)
 }
 
 /// Quad order (see [`Mma::load_b_t_quads`]): the hardware's accumulator
@@ -71,6 +72,7 @@ impl Mma for Warp32 {
     const LANES: u32 = 32;
     const ACC_LEN: usize = 8;
     const ROWS: usize = 2;
+    const DENSE_TILES: bool = true;
     /// `[a0, a1, a2, a3]`.
     type A = [u32; 4];
     /// `[b0, b1]` of columns 0..8, then of columns 8..16.
@@ -119,28 +121,28 @@ impl Mma for Warp32 {
     }
 
     #[inline(always)]
-    unsafe fn load_a(p: *const u16, stride: usize) -> [u32; 4] {
+    unsafe fn load_a(t: Tile, row0: usize, col0: usize) -> [u32; 4] {
         // a0..a3: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (0-7, 8-15), (8-15, 8-15).
-        let a = row_addr(p, stride, [0, 1, 0, 1], [0, 0, 1, 1]);
+        let a = row_addr(t, row0, col0, [0, 1, 0, 1], [0, 0, 1, 1]);
         // SAFETY: caller contract (16 readable, 16-byte aligned rows in
         // workgroup memory); the whole warp calls this.
         unsafe { imp::ldmatrix_x4(a) }
     }
 
     #[inline(always)]
-    unsafe fn load_b_t(p: *const u16, stride: usize) -> [u32; 4] {
+    unsafe fn load_b_t(t: Tile, row0: usize, col0: usize) -> [u32; 4] {
         // The tile's row j is B's column j: b0 of half h is tile rows
         // 8h.., columns (k) 0-7, non-transposed; b1 the same at k 8-15.
-        let a = row_addr(p, stride, [0, 0, 1, 1], [0, 1, 0, 1]);
+        let a = row_addr(t, row0, col0, [0, 0, 1, 1], [0, 1, 0, 1]);
         // SAFETY: as for `load_a`.
         unsafe { imp::ldmatrix_x4(a) }
     }
 
     #[inline(always)]
-    unsafe fn load_b(p: *const u16, stride: usize) -> [u32; 4] {
+    unsafe fn load_b(t: Tile, row0: usize, col0: usize) -> [u32; 4] {
         // b0 of half h is tile rows (k) 0-7, columns 8h.., transposed; b1
         // the same at k 8-15.
-        let a = row_addr(p, stride, [0, 1, 0, 1], [0, 0, 1, 1]);
+        let a = row_addr(t, row0, col0, [0, 1, 0, 1], [0, 0, 1, 1]);
         // SAFETY: as for `load_a`.
         unsafe { imp::ldmatrix_x4_trans(a) }
     }

@@ -18,7 +18,7 @@
 //! `ds_read_u16` for [`Mma::load_b`]). A lane's accumulator columns
 //! `4q..4q + 4` are consecutive, so quad order ([`Mma::load_b_t_quads`])
 //! is the natural order here.
-use super::Mma;
+use super::{Mma, Swizzle, Tile};
 use crate::gpu::{imp, pack2, shfl_xor_f32, thread_id};
 
 /// AMD's matrix unit for one wavefront (see the module docs).
@@ -44,6 +44,7 @@ impl Mma for Wave64 {
     const LANES: u32 = 64;
     const ACC_LEN: usize = 4;
     const ROWS: usize = 1;
+    const DENSE_TILES: bool = false;
     /// Halves `A[l % 16][4q..4q + 4]`.
     type A = [u32; 2];
     /// Halves `B[4q..4q + 4][l % 16]`.
@@ -91,26 +92,27 @@ impl Mma for Wave64 {
     }
 
     #[inline(always)]
-    unsafe fn load_a(p: *const u16, stride: usize) -> [u32; 2] {
-        let l = lane() as usize;
-        // SAFETY: row l % 16, halves 4q..4q + 4 of the tile (caller
-        // contract: readable, 16-byte aligned rows).
-        unsafe { read4(p.add((l % 16) * stride + 4 * (l / 16))) }
+    unsafe fn load_a(t: Tile, row0: usize, col0: usize) -> [u32; 2] {
+        let l = lane();
+        // SAFETY: row l % 16, halves 4q..4q + 4 (within one chunk) of the
+        // tile's part (caller contract: readable, 16-byte aligned rows).
+        unsafe { read4(t.at_rel(row0, l % 16, col0 + 4 * (l / 16) as usize)) }
     }
 
     #[inline(always)]
-    unsafe fn load_b_t(p: *const u16, stride: usize) -> [u32; 2] {
+    unsafe fn load_b_t(t: Tile, row0: usize, col0: usize) -> [u32; 2] {
         // B[4q + x][l % 16] = tile[l % 16][4q + x]: the same reads as A.
         // SAFETY: as for `load_a`.
-        unsafe { Self::load_a(p, stride) }
+        unsafe { Self::load_a(t, row0, col0) }
     }
 
     #[inline(always)]
-    unsafe fn load_b(p: *const u16, stride: usize) -> [u32; 2] {
-        let l = lane() as usize;
-        let (k, j) = (4 * (l / 16), l % 16);
-        // SAFETY: rows k..k + 4, column j of the tile (caller contract).
-        let h = |x: usize| u32::from(unsafe { p.add((k + x) * stride + j).read() });
+    unsafe fn load_b(t: Tile, row0: usize, col0: usize) -> [u32; 2] {
+        let l = lane();
+        let (k, j) = (4 * (l / 16), (l % 16) as usize);
+        // SAFETY: rows k..k + 4, column j of the tile's part (caller
+        // contract).
+        let h = |x: u32| u32::from(unsafe { t.at_rel(row0, k + x, col0 + j).read() });
         [h(0) | (h(1) << 16), h(2) | (h(3) << 16)]
     }
 
@@ -127,14 +129,14 @@ impl Mma for Wave64 {
     #[inline(always)]
     unsafe fn load_b_t_quads(p: *const u16, stride: usize) -> [u32; 2] {
         // The accumulator's columns 4q..4q + 4 are consecutive already.
-        // SAFETY: as for `load_b_t`.
-        unsafe { Self::load_b_t(p, stride) }
+        // SAFETY: as for `load_b_t` (an unswizzled tile).
+        unsafe { Self::load_b_t(Tile::new(p, stride, Swizzle::NONE), 0, 0) }
     }
 
     #[inline(always)]
     unsafe fn load_b_quads(p: *const u16, stride: usize) -> [u32; 2] {
         // SAFETY: as for `load_b`.
-        unsafe { Self::load_b(p, stride) }
+        unsafe { Self::load_b(Tile::new(p, stride, Swizzle::NONE), 0, 0) }
     }
 
     #[inline(always)]
