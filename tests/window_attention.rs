@@ -17,7 +17,10 @@
 //! the bias and mask moved onto the matrix unit (twelfth session): the
 //! second f16 part of `1 / scale` dropped, the exact redo of strips with a
 //! non-finite score skipped, the one-hot rows' sign in the row's own
-//! region flipped, the mask mode stuck at "no mask". Not caught here: the
+//! region flipped, the mask mode stuck at "no mask"; since the NVIDIA
+//! tiles became dense with swizzled chunks (thirteenth session): the
+//! loads' swizzle term dropped while the copies keep it (wave32). Not
+//! caught here: the
 //! wave barrier between the copy wait and the buffer reads (the
 //! emulator's copies are synchronous); that is racecheck's. Rows with NaN
 //! / +inf scores or only -inf must be NaN. Outputs are poisoned before

@@ -228,8 +228,8 @@ unsafe fn stage(a: &Args, lay: Layout, lds: *mut u16, w: usize, h: usize) {
     });
     crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
         if j < per {
-            // SAFETY: inside the three tiles; rows of 80 bytes keep the
-            // 16-byte alignment.
+            // SAFETY: inside the three tiles; rows of 64 or 80 bytes keep
+            // the 16-byte alignment.
             unsafe { store8_bits(dst.add(j * rows * lay.ls), V8(v[j])) };
         }
     });
@@ -342,8 +342,8 @@ unsafe fn write_onehot(lab: *const i32, oh: *mut u16) {
 /// spread over the wave), in place up to the buffer's swizzle.
 ///
 /// # Safety
-/// `bp` the (type, head) bias tile, `buf` 16 x [`BS`] halves of workgroup
-/// memory; both 16-byte aligned.
+/// `bp` the (type, head) bias tile, `buf` 16 rows of 144 halves of
+/// workgroup memory ([`Layout::buf`]); both 16-byte aligned.
 #[inline(always)]
 unsafe fn prefetch_bias(bp: *const u16, buf: Tile, strip: usize) {
     const ROW: usize = T / 8;
