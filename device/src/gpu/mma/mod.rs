@@ -48,6 +48,8 @@ pub use wave64::Wave64;
 
 /// Where a [`Tile`]'s 16-byte chunks lie in its rows: chunk `c` (columns
 /// `8c..8c + 8`) of row `r` is stored at chunk `c ^ ((r >> shift) & mask)`.
+/// Every swizzle here reads only bits 0..3 of the row, so rows 8 apart are
+/// placed alike (what the loads' per-lane addresses rely on).
 ///
 /// Why: `ldmatrix` reads eight rows at one chunk per phase; in a dense
 /// tile those rows meet the same workgroup-memory banks. Padding the rows
