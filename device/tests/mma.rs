@@ -34,11 +34,17 @@ fn matrix(seed: u64, rows: usize, cols: usize) -> Vec<f16> {
 }
 
 fn product(a: &[f16], b: &[f16], n: usize) -> Vec<f32> {
+    product_kn(a, b, 16, n)
+}
+
+/// `A * B` for `A` 16 x `k`, `B` `k` x `n` (row-major), exact in f64 and
+/// rounded once to f32.
+fn product_kn(a: &[f16], b: &[f16], k: usize, n: usize) -> Vec<f32> {
     let mut d = vec![0.0f32; 16 * n];
     for i in 0..16 {
         for j in 0..n {
-            d[i * n + j] = (0..16)
-                .map(|k| a[i * 16 + k].to_f64() * b[k * n + j].to_f64())
+            d[i * n + j] = (0..k)
+                .map(|x| a[i * k + x].to_f64() * b[x * n + j].to_f64())
                 .sum::<f64>() as f32;
         }
     }
@@ -161,24 +167,12 @@ fn nv8_fragments(a: &[f16], b: &[f16]) -> Vec<MatrixRegs> {
     regs
 }
 
-fn product8(a: &[f16], b: &[f16]) -> Vec<f32> {
-    let mut d = vec![0.0f32; 128];
-    for i in 0..16 {
-        for j in 0..8 {
-            d[i * 8 + j] = (0..8)
-                .map(|k| a[i * 8 + k].to_f64() * b[k * 8 + j].to_f64())
-                .sum::<f64>() as f32;
-        }
-    }
-    d
-}
-
 #[test]
 fn nv_mma_k8_matches_the_ptx_fragment_tables() {
     let (a, b) = (matrix(21, 16, 8), matrix(22, 8, 8));
     let got =
         nv_result(&run_instruction(MatrixOp::Mma1688, nv8_fragments(&a, &b)).expect("launch"));
-    assert_eq!(got, product8(&a, &b));
+    assert_eq!(got, product_kn(&a, &b, 8, 8));
 }
 
 #[test]
@@ -190,7 +184,7 @@ fn nv_mma_k8_with_a_wrong_layout_is_wrong() {
         r.a.swap(0, 1);
     }
     let got = nv_result(&run_instruction(MatrixOp::Mma1688, regs).expect("launch"));
-    assert_ne!(got, product8(&a, &b));
+    assert_ne!(got, product_kn(&a, &b, 8, 8));
 }
 
 #[test]

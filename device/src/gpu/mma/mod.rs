@@ -103,8 +103,7 @@ impl Tile {
     /// their 8-column chunk): the address of element `(row, col)`.
     #[inline(always)]
     pub fn at(self, row: usize, col: usize) -> *const u16 {
-        let c = (col / 8) ^ self.sw.of(row as u32) as usize;
-        self.p.wrapping_add(row * self.stride + 8 * c + col % 8)
+        self.at_rel(0, row as u32, col)
     }
 
     /// [`Tile::at`] for row `row0 + r`, `row0` a multiple of 8: the
