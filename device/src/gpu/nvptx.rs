@@ -311,6 +311,32 @@ macro_rules! ldmatrix {
     };
 }
 ldmatrix!(ldmatrix_x4, "ldmatrix.sync.aligned.m8n8.x4.shared.b16");
+
+macro_rules! ldmatrix_x {
+    ($name:ident, $op:literal) => {
+        #[inline(always)]
+        pub unsafe fn $name(p: *const u16, x: u32) -> [u32; 4] {
+            let (r0, r1, r2, r3): (u32, u32, u32, u32);
+            unsafe {
+                core::arch::asm!(
+                    concat!($op, " {{{r0}, {r1}, {r2}, {r3}}}, [{a}];"),
+                    a = in(reg32) shared_addr(p) ^ x,
+                    r0 = out(reg32) r0,
+                    r1 = out(reg32) r1,
+                    r2 = out(reg32) r2,
+                    r3 = out(reg32) r3,
+                    options(readonly, nostack, preserves_flags)
+                );
+            }
+            [r0, r1, r2, r3]
+        }
+    };
+}
+ldmatrix_x!(ldmatrix_x4_x, "ldmatrix.sync.aligned.m8n8.x4.shared.b16");
+ldmatrix_x!(
+    ldmatrix_x4_trans_x,
+    "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+);
 ldmatrix!(
     ldmatrix_x4_trans,
     "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"

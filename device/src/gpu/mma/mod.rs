@@ -106,6 +106,11 @@ impl Tile {
         self.at_rel(0, row as u32, col)
     }
 
+    #[inline(always)]
+    pub(crate) fn quads(self) -> bool {
+        self.sw == Swizzle::QUADS
+    }
+
     /// [`Tile::at`] for row `row0 + r`, `row0` a multiple of 8: the
     /// swizzle term is then `r`'s, the same for every 8-row step of one
     /// lane (so it stays out of the loops).

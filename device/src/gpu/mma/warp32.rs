@@ -123,9 +123,12 @@ impl Mma for Warp32 {
     #[inline(always)]
     unsafe fn load_a(t: Tile, row0: usize, col0: usize) -> [u32; 4] {
         // a0..a3: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (0-7, 8-15), (8-15, 8-15).
+        #[cfg(target_arch = "nvptx64")]
+        if t.quads() && col0 % 32 == 16 {
+            let a = row_addr(t, row0, col0 - 16, [0, 1, 0, 1], [0, 0, 1, 1]);
+            return unsafe { imp::ldmatrix_x4_x(a, 32) };
+        }
         let a = row_addr(t, row0, col0, [0, 1, 0, 1], [0, 0, 1, 1]);
-        // SAFETY: caller contract (16 readable, 16-byte aligned rows in
-        // workgroup memory); the whole warp calls this.
         unsafe { imp::ldmatrix_x4(a) }
     }
 
@@ -133,8 +136,12 @@ impl Mma for Warp32 {
     unsafe fn load_b_t(t: Tile, row0: usize, col0: usize) -> [u32; 4] {
         // The tile's row j is B's column j: b0 of half h is tile rows
         // 8h.., columns (k) 0-7, non-transposed; b1 the same at k 8-15.
+        #[cfg(target_arch = "nvptx64")]
+        if t.quads() && col0 % 32 == 16 {
+            let a = row_addr(t, row0, col0 - 16, [0, 0, 1, 1], [0, 1, 0, 1]);
+            return unsafe { imp::ldmatrix_x4_x(a, 32) };
+        }
         let a = row_addr(t, row0, col0, [0, 0, 1, 1], [0, 1, 0, 1]);
-        // SAFETY: as for `load_a`.
         unsafe { imp::ldmatrix_x4(a) }
     }
 
@@ -142,8 +149,12 @@ impl Mma for Warp32 {
     unsafe fn load_b(t: Tile, row0: usize, col0: usize) -> [u32; 4] {
         // b0 of half h is tile rows (k) 0-7, columns 8h.., transposed; b1
         // the same at k 8-15.
+        #[cfg(target_arch = "nvptx64")]
+        if t.quads() && col0 % 32 == 16 {
+            let a = row_addr(t, row0, col0 - 16, [0, 1, 0, 1], [0, 0, 1, 1]);
+            return unsafe { imp::ldmatrix_x4_trans_x(a, 32) };
+        }
         let a = row_addr(t, row0, col0, [0, 1, 0, 1], [0, 0, 1, 1]);
-        // SAFETY: as for `load_a`.
         unsafe { imp::ldmatrix_x4_trans(a) }
     }
 
