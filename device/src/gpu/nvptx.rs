@@ -312,11 +312,20 @@ macro_rules! ldmatrix {
 }
 ldmatrix!(ldmatrix_x4, "ldmatrix.sync.aligned.m8n8.x4.shared.b16");
 
+// `ldmatrix` at `p`'s shared address XOR `x` (a swizzled tile's second
+// 16-column half from its first half's lane address). Equal to XORing the
+// offset in workgroup memory (the emulator's form) while the launch-sized
+// workgroup memory starts 64-byte aligned in the shared window, as it does
+// on sm_80/sm_90 (it follows the driver's reserved 1 KiB); XORing the
+// offset before adding the base instead kept more registers live (ptxas:
+// 116 bytes of spills in the mask entry against 20).
 macro_rules! ldmatrix_x {
     ($name:ident, $op:literal) => {
         #[inline(always)]
         pub unsafe fn $name(p: *const u16, x: u32) -> [u32; 4] {
             let (r0, r1, r2, r3): (u32, u32, u32, u32);
+            // SAFETY: as for `ldmatrix!`'s loads (caller contract: the
+            // moved address lies in the same tile row).
             unsafe {
                 core::arch::asm!(
                     concat!($op, " {{{r0}, {r1}, {r2}, {r3}}}, [{a}];"),

@@ -106,6 +106,9 @@ impl Tile {
         self.at_rel(0, row as u32, col)
     }
 
+    /// Whether the tile is [`Swizzle::QUADS`]-swizzled (its rows then lie
+    /// at 64-byte-aligned offsets of workgroup memory: the caller's
+    /// contract for such tiles).
     #[inline(always)]
     pub(crate) fn quads(self) -> bool {
         self.sw == Swizzle::QUADS
