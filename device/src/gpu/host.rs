@@ -182,26 +182,29 @@ pub unsafe fn ldmatrix_x4_trans(p: *const u16) -> [u32; 4] {
     r
 }
 
-/// `p` with its offset in workgroup memory XORed by `x` (bytes), as the
-/// NVIDIA build's `shared_addr_x`.
+/// `p` with its offset in workgroup memory XORed by `x` (bytes), then
+/// `off` halves further, as the NVIDIA build's `ldmatrix_x4_x`.
 #[inline(always)]
-fn xor_offset(p: *const u16, x: u32) -> *const u16 {
-    let off = (p as usize).wrapping_sub(workgroup_mem::<u16>() as usize);
-    p.wrapping_byte_offset(((off ^ x as usize) as isize).wrapping_sub(off as isize))
+fn xor_offset(p: *const u16, x: u32, off: usize) -> *const u16 {
+    let o = (p as usize).wrapping_sub(workgroup_mem::<u16>() as usize);
+    p.wrapping_byte_offset(((o ^ x as usize) as isize).wrapping_sub(o as isize))
+        .wrapping_add(off)
 }
 
-/// [`ldmatrix_x4`] at `p`'s workgroup-memory offset XOR `x`.
+/// [`ldmatrix_x4`] at `p`'s workgroup-memory offset XOR `x`, plus `off`
+/// halves.
 #[inline(always)]
-pub unsafe fn ldmatrix_x4_x(p: *const u16, x: u32) -> [u32; 4] {
+pub unsafe fn ldmatrix_x4_x(p: *const u16, x: u32, off: usize) -> [u32; 4] {
     // SAFETY: caller contract (the moved address is the row to read).
-    unsafe { ldmatrix_x4(xor_offset(p, x)) }
+    unsafe { ldmatrix_x4(xor_offset(p, x, off)) }
 }
 
-/// [`ldmatrix_x4_trans`] at `p`'s workgroup-memory offset XOR `x`.
+/// [`ldmatrix_x4_trans`] at `p`'s workgroup-memory offset XOR `x`, plus
+/// `off` halves.
 #[inline(always)]
-pub unsafe fn ldmatrix_x4_trans_x(p: *const u16, x: u32) -> [u32; 4] {
+pub unsafe fn ldmatrix_x4_trans_x(p: *const u16, x: u32, off: usize) -> [u32; 4] {
     // SAFETY: as for `ldmatrix_x4_x`.
-    unsafe { ldmatrix_x4_trans(xor_offset(p, x)) }
+    unsafe { ldmatrix_x4_trans(xor_offset(p, x, off)) }
 }
 
 /// `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`, emulated.

@@ -82,9 +82,15 @@ pub fn shfl_idx_u32(v: u32, src: u32) -> u32 {
     unsafe { shfl_sync_idx_i32(u32::MAX, v, src, 0x1f) }
 }
 
+/// A 128-byte-aligned type: declaring the launch-sized workgroup memory
+/// through it makes the PTX say `.align 128`, which the address XORs of
+/// swizzled tiles (`ldmatrix_x4_x`) rely on.
+#[repr(C, align(128))]
+struct WorkgroupAlign([u8; 128]);
+
 #[inline(always)]
 pub fn workgroup_mem<T>() -> *mut T {
-    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<T>()
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<WorkgroupAlign>().cast::<T>()
 }
 
 #[inline(always)]
@@ -312,24 +318,25 @@ macro_rules! ldmatrix {
 }
 ldmatrix!(ldmatrix_x4, "ldmatrix.sync.aligned.m8n8.x4.shared.b16");
 
-// `ldmatrix` at `p`'s shared address XOR `x` (a swizzled tile's second
-// 16-column half from its first half's lane address). Equal to XORing the
-// offset in workgroup memory (the emulator's form) while the launch-sized
-// workgroup memory starts 64-byte aligned in the shared window, as it does
-// on sm_80/sm_90 (it follows the driver's reserved 1 KiB); XORing the
-// offset before adding the base instead kept more registers live (ptxas:
-// 116 bytes of spills in the mask entry against 20).
+// `ldmatrix` at `p`'s shared address XOR `x`, plus `off` halves (a
+// swizzled tile's second 16-column half from its first half's lane address
+// in the tile's first rows). Equal to XORing the offset in workgroup memory
+// (the emulator's form) because the launch-sized workgroup memory is
+// declared 128-byte aligned ([`workgroup_mem`]); XORing the offset before
+// adding the base instead kept more registers live (ptxas: 116 bytes of
+// spills in the mask entry against 20). `off` is added after the XOR so
+// that one register plus an immediate serves every row block.
 macro_rules! ldmatrix_x {
     ($name:ident, $op:literal) => {
         #[inline(always)]
-        pub unsafe fn $name(p: *const u16, x: u32) -> [u32; 4] {
+        pub unsafe fn $name(p: *const u16, x: u32, off: usize) -> [u32; 4] {
             let (r0, r1, r2, r3): (u32, u32, u32, u32);
             // SAFETY: as for `ldmatrix!`'s loads (caller contract: the
             // moved address lies in the same tile row).
             unsafe {
                 core::arch::asm!(
                     concat!($op, " {{{r0}, {r1}, {r2}, {r3}}}, [{a}];"),
-                    a = in(reg32) shared_addr(p) ^ x,
+                    a = in(reg32) (shared_addr(p) ^ x).wrapping_add(2 * off as u32),
                     r0 = out(reg32) r0,
                     r1 = out(reg32) r1,
                     r2 = out(reg32) r2,
@@ -395,18 +402,19 @@ pub fn sched_barrier() {}
 pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
     // No NVVM intrinsic takes generic pointers, hence inline PTX; not a
     // collective, so convergence does not matter. Without `nomem` the
-    // compiler keeps memory accesses on its side of the asm.
+    // compiler keeps memory accesses on its side of the asm. The
+    // destination as a 32-bit shared address ([`shared_addr`]): through
+    // the generic form each one was 64-bit arithmetic plus a conversion.
     // SAFETY: caller contract (`src` global, `dst` workgroup memory, 16
     // aligned bytes each).
     unsafe {
         core::arch::asm!(
             "{{",
-            ".reg .b64 s, g;",
-            "cvta.to.shared.u64 s, {d};",
+            ".reg .b64 g;",
             "cvta.to.global.u64 g, {g};",
-            "cp.async.cg.shared.global [s], [g], 16;",
+            "cp.async.cg.shared.global [{d}], [g], 16;",
             "}}",
-            d = in(reg64) dst,
+            d = in(reg32) shared_addr(dst),
             g = in(reg64) src,
             options(nostack, preserves_flags)
         );

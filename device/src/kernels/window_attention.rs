@@ -235,8 +235,9 @@ unsafe fn stage(a: &Args, lay: Layout, lds: *mut u16, w: usize, h: usize) {
     });
 }
 
-/// [`stage`] without a QKV bias: straight copies to workgroup memory
-/// (`cp.async` on NVIDIA: no registers hold the data in flight).
+/// [`stage`] without a QKV bias: starts straight copies to workgroup
+/// memory (`cp.async` on NVIDIA: no registers hold the data in flight);
+/// [`gpu::copy_to_workgroup_wait`] waits for them.
 ///
 /// # Safety
 /// As for [`stage`].
@@ -258,7 +259,6 @@ unsafe fn copy(a: &Args, lay: Layout, lds: *mut u16, w: usize, h: usize) {
         dst = dst.wrapping_add(rows * lay.ls);
         t += rows;
     }
-    gpu::copy_to_workgroup_wait();
 }
 
 /// Starts copying the 144 region labels (i32) at `src` to `dst`.
@@ -739,31 +739,35 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
             .wrapping_add(ATTN_LABEL_OFFSET as usize / 2)
             .cast::<i32>();
         let oh = lds.wrapping_add(ATTN_ONEHOT_OFFSET as usize / 2);
+        // Every copy starts before the one wait: q, k and v, the labels
+        // and the first bias strip arrive together (copied and waited for
+        // one after another, they were about a tenth of the kernel's stall
+        // samples on the H200). Reading the tables after the copies start
+        // would overlap one more latency, but spilled in the mask entry.
         // SAFETY: w < windows: the tables hold one entry per window.
         let (ty, sl) = unsafe {
             super::bias_mask_add::lookup::<MASK>(a.types, a.slots, w as u32, a.n_types, a.n_slots)
+        };
+        // SAFETY: one workgroup per (window, head) (caller).
+        unsafe {
+            if a.qkv_bias.is_null() {
+                copy(&a, lay, lds, w, h)
+            } else {
+                stage(&a, lay, lds, w, h)
+            }
         };
         if MASK {
             // SAFETY: `lookup` trapped on slots out of range; the slot's
             // labels lie in `labels` (caller).
             unsafe { copy_labels(a.labels.add(sl as usize * T), lab) };
         }
-        // SAFETY: one workgroup per (window, head) (caller). Both wait for
-        // this thread's copies, the labels' among them.
-        unsafe {
-            if a.qkv_bias.is_null() {
-                copy(&a, lay, lds, w, h)
-            } else {
-                stage(&a, lay, lds, w, h);
-                gpu::copy_to_workgroup_wait();
-            }
-        };
         // SAFETY: `lookup` trapped on types out of range.
         let bp = unsafe { a.bias.add((ty as usize * a.heads as usize + h) * T * T) };
         let wave = gpu::wave_uniform(gpu::thread_id() / gpu::wave_size()) as usize;
         let buf = lay.buf(lds, wave);
         // SAFETY: the wave's buffer; its first strip.
         unsafe { prefetch_bias(bp, buf, wave) };
+        gpu::copy_to_workgroup_wait();
         gpu::barrier();
         let l = Tiles {
             q: lay.qkv(lds, 0),

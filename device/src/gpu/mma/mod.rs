@@ -106,6 +106,12 @@ impl Tile {
         self.at_rel(0, row as u32, col)
     }
 
+    /// Halves from one row to the next.
+    #[inline(always)]
+    pub(crate) fn stride(self) -> usize {
+        self.stride
+    }
+
     /// Whether the tile is [`Swizzle::QUADS`]-swizzled (its rows then lie
     /// at 64-byte-aligned offsets of workgroup memory: the caller's
     /// contract for such tiles).
@@ -119,7 +125,11 @@ impl Tile {
     /// lane (so it stays out of the loops).
     #[inline(always)]
     pub(crate) fn at_rel(self, row0: usize, r: u32, col: usize) -> *const u16 {
-        let c = (col / 8) ^ self.sw.of(r) as usize;
+        // `c ^ s` with `s <= mask`, written so that the chunk bits above
+        // the mask (constants in unrolled loops) stay an addend: the
+        // address is then a lane register plus an immediate.
+        let m = self.sw.mask as usize;
+        let c = (col / 8 & !m) + ((col / 8 & m) ^ self.sw.of(r) as usize);
         self.p
             .wrapping_add((row0 + r as usize) * self.stride + 8 * c + col % 8)
     }

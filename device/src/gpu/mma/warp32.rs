@@ -124,11 +124,12 @@ impl Mma for Warp32 {
     unsafe fn load_a(t: Tile, row0: usize, col0: usize) -> [u32; 4] {
         // a0..a3: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (0-7, 8-15), (8-15, 8-15).
         // A swizzled tile's second 16-column half: the first half's lane
-        // address with bit 5 of its offset flipped (64-byte rows), so one
-        // register serves both halves, as an immediate did for padded rows.
+        // address in rows 0.. with bit 5 of its offset flipped (64-byte
+        // rows), then the rows' offset: one register serves both halves and
+        // every row block, as immediates did for padded rows.
         if t.quads() && col0 % 32 == 16 {
-            let a = row_addr(t, row0, col0 - 16, [0, 1, 0, 1], [0, 0, 1, 1]);
-            return unsafe { imp::ldmatrix_x4_x(a, 32) };
+            let a = row_addr(t, 0, col0 - 16, [0, 1, 0, 1], [0, 0, 1, 1]);
+            return unsafe { imp::ldmatrix_x4_x(a, 32, row0 * t.stride()) };
         }
         let a = row_addr(t, row0, col0, [0, 1, 0, 1], [0, 0, 1, 1]);
         unsafe { imp::ldmatrix_x4(a) }
@@ -139,11 +140,12 @@ impl Mma for Warp32 {
         // The tile's row j is B's column j: b0 of half h is tile rows
         // 8h.., columns (k) 0-7, non-transposed; b1 the same at k 8-15.
         // A swizzled tile's second 16-column half: the first half's lane
-        // address with bit 5 of its offset flipped (64-byte rows), so one
-        // register serves both halves, as an immediate did for padded rows.
+        // address in rows 0.. with bit 5 of its offset flipped (64-byte
+        // rows), then the rows' offset: one register serves both halves and
+        // every row block, as immediates did for padded rows.
         if t.quads() && col0 % 32 == 16 {
-            let a = row_addr(t, row0, col0 - 16, [0, 0, 1, 1], [0, 1, 0, 1]);
-            return unsafe { imp::ldmatrix_x4_x(a, 32) };
+            let a = row_addr(t, 0, col0 - 16, [0, 0, 1, 1], [0, 1, 0, 1]);
+            return unsafe { imp::ldmatrix_x4_x(a, 32, row0 * t.stride()) };
         }
         let a = row_addr(t, row0, col0, [0, 0, 1, 1], [0, 1, 0, 1]);
         unsafe { imp::ldmatrix_x4(a) }
@@ -154,11 +156,12 @@ impl Mma for Warp32 {
         // b0 of half h is tile rows (k) 0-7, columns 8h.., transposed; b1
         // the same at k 8-15.
         // A swizzled tile's second 16-column half: the first half's lane
-        // address with bit 5 of its offset flipped (64-byte rows), so one
-        // register serves both halves, as an immediate did for padded rows.
+        // address in rows 0.. with bit 5 of its offset flipped (64-byte
+        // rows), then the rows' offset: one register serves both halves and
+        // every row block, as immediates did for padded rows.
         if t.quads() && col0 % 32 == 16 {
-            let a = row_addr(t, row0, col0 - 16, [0, 1, 0, 1], [0, 0, 1, 1]);
-            return unsafe { imp::ldmatrix_x4_trans_x(a, 32) };
+            let a = row_addr(t, 0, col0 - 16, [0, 1, 0, 1], [0, 0, 1, 1]);
+            return unsafe { imp::ldmatrix_x4_trans_x(a, 32, row0 * t.stride()) };
         }
         let a = row_addr(t, row0, col0, [0, 1, 0, 1], [0, 0, 1, 1]);
         unsafe { imp::ldmatrix_x4_trans(a) }
