@@ -245,20 +245,23 @@ unsafe fn stage(a: &Args, lay: Layout, lds: *mut u16, w: usize, h: usize) {
 unsafe fn copy(a: &Args, lay: Layout, lds: *mut u16, w: usize, h: usize) {
     let ch = a.heads as usize * D;
     let (t0, part, c, rows) = qkv_share();
-    let mut src = a
+    // A constant on the GPU targets, as in `stage`: the loop unrolls, with
+    // the destinations as immediates.
+    let per = T / rows;
+    let src = a
         .qkv
         .wrapping_add((w * T + t0) * 3 * ch + part * ch + h * D + 8 * c);
     // Rows t0 + j rows keep t0's swizzle (rows is a multiple of 8).
-    let mut dst = lay.qkv(lds, part).at(t0, 8 * c).cast_mut();
-    let mut t = t0;
-    while t < T {
-        // SAFETY: token row t < 144 of the window in qkv, the destination
-        // in the tiles; both 16-byte aligned (caller).
-        unsafe { gpu::copy_to_workgroup(dst, src) };
-        src = src.wrapping_add(rows * 3 * ch);
-        dst = dst.wrapping_add(rows * lay.ls);
-        t += rows;
-    }
+    let dst = lay.qkv(lds, part).at(t0, 8 * c).cast_mut();
+    crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
+        if j < per {
+            // SAFETY: token row t0 + j * rows < 144 of the window in qkv,
+            // the destination in the tiles; both 16-byte aligned (caller).
+            unsafe {
+                gpu::copy_to_workgroup(dst.add(j * rows * lay.ls), src.add(j * rows * 3 * ch))
+            };
+        }
+    });
 }
 
 /// Starts copying the 144 region labels (i32) at `src` to `dst`.
@@ -280,21 +283,22 @@ unsafe fn copy_labels(src: *const i32, dst: *mut i32) {
 /// [`LABELS`].
 #[inline(always)]
 fn mask_mode(lab: *const i32) -> u8 {
-    let ws = gpu::wave_size() as usize;
-    let lane = gpu::thread_id() as usize % ws;
+    let ws = gpu::wave_size();
+    let lane = gpu::thread_id() % ws;
     // SAFETY: labels 0..144 of the window (workgroup memory).
     let l0 = unsafe { lab.read() };
     let (mut differ, mut above) = (0u32, 0u32);
+    // 32-bit indices: `usize` ones cost 64-bit compares per label.
     let mut t = lane;
-    while t < T {
+    while t < T as u32 {
         // SAFETY: as above.
-        let l = unsafe { lab.add(t).read() };
+        let l = unsafe { lab.add(t as usize).read() };
         differ |= u32::from(l != l0);
         above |= u32::from(!(0..ONE as i32).contains(&l));
         t += ws;
     }
     let mut m = 1;
-    while m < ws as u32 {
+    while m < ws {
         differ |= gpu::shfl_xor_u32(differ, m);
         above |= gpu::shfl_xor_u32(above, m);
         m <<= 1;
@@ -346,22 +350,28 @@ unsafe fn write_onehot(lab: *const i32, oh: *mut u16) {
 /// workgroup memory ([`Layout::buf`]); both 16-byte aligned.
 #[inline(always)]
 unsafe fn prefetch_bias(bp: *const u16, buf: Tile, strip: usize) {
-    const ROW: usize = T / 8;
-    const PIECES: usize = 16 * ROW;
-    let ws = gpu::wave_size() as usize;
+    const ROW: u32 = T as u32 / 8;
+    const PIECES: usize = 16 * T / 8;
+    let ws = gpu::wave_size();
     let src = bp.wrapping_add(16 * strip * T);
-    let lane = gpu::thread_id() as usize % ws;
+    let lane = gpu::thread_id() % ws;
     // Piece c is row c / 18, column 8 (c % 18); the lane's pieces step by
     // the wave size, so row and column advance by constants (no division
-    // per piece).
+    // per piece). In 32 bits: `usize` row and column cost 64-bit compares
+    // and selects per piece.
     let (mut row, mut col) = (lane / ROW, lane % ROW);
     let (drow, dcol) = (ws / ROW, ws % ROW);
-    for j in 0..PIECES.div_ceil(ws) {
-        let c = lane + j * ws;
+    for j in 0..PIECES.div_ceil(ws as usize) {
+        let c = lane as usize + j * ws as usize;
         if c < PIECES {
             // SAFETY: piece c of the strip's rows (row 16 strip + row <
             // 144 of the tile) and of the buffer.
-            unsafe { gpu::copy_to_workgroup(buf.at(row, 8 * col).cast_mut(), src.add(8 * c)) };
+            unsafe {
+                gpu::copy_to_workgroup(
+                    buf.at(row as usize, 8 * col as usize).cast_mut(),
+                    src.add(8 * c),
+                )
+            };
         }
         row += drow;
         col += dcol;
@@ -447,10 +457,12 @@ unsafe fn strip_q<M: Mma>(l: Tiles, r0: usize) -> (M::A, M::A) {
     unsafe { (M::load_a(l.q, r0, 0), M::load_a(l.q, r0, 16)) }
 }
 
-/// The strip's weights from its scores in `s` (in place) and each row's
-/// `1 / sum`: `e = 2^(fma(x, c, -max_x c))`, the sum of the lane's `e`
-/// (per tile a pairwise sum of its four weights, then a chain over the
-/// tiles: 9 dependent adds, not 36), reduced over the row.
+/// The strip's weights from its scores in `s` (in place) and this lane's
+/// part of each row's sum: `e = 2^(fma(x, c, -max_x c))`, the sum of the
+/// lane's `e` (per tile a pairwise sum of its four weights, then a chain
+/// over the tiles: 9 dependent adds, not 36). The caller reduces it over
+/// the row ([`Mma::row_sum`]) after `P V`, whose matrix operations then
+/// hide the shuffles' latency.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
 fn softmax<M: Mma>(
@@ -479,11 +491,17 @@ fn softmax<M: Mma>(
         }
         p[n] = M::to_a(s[n]);
     });
+    (p, sum)
+}
+
+/// Each row's `1 / sum` from the lanes' parts.
+#[inline(always)]
+fn inv_sums<M: Mma>(sum: [f32; MAX_ROWS]) -> [f32; MAX_ROWS] {
     let mut inv = [0.0f32; MAX_ROWS];
     for r in 0..M::ROWS {
         inv[r] = 1.0 / M::row_sum(sum[r]);
     }
-    (p, inv)
+    inv
 }
 
 /// The strip the exact way, for a strip whose fast path met a non-finite
@@ -676,10 +694,16 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             };
             let acc = M::add_scaled(bt, k.dlo, M::add_scaled(bt, k.dhi, acc));
             s[n] = M::mma(q.1, k1, M::mma(q.0, k0, acc));
+            // Per row the tile's four elements pairwise, then one step of
+            // a chain over the tiles: 9 dependent steps, not 36 (the max
+            // is exact in any order).
             let acc = s[n].as_ref();
+            let mut t = [[f32::NEG_INFINITY; 4]; MAX_ROWS];
             for e in 0..M::ACC_LEN {
-                let r = M::acc_slot(e);
-                mx[r] = mx[r].max(acc[e]);
+                t[M::acc_slot(e)][M::quad_pos(e)] = acc[e];
+            }
+            for r in 0..M::ROWS {
+                mx[r] = mx[r].max(t[r][0].max(t[r][1]).max(t[r][2].max(t[r][3])));
             }
         });
         // Every lane is done with the buffer: fetch the wave's next strip
@@ -689,14 +713,7 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             // SAFETY: as for the first strip.
             unsafe { prefetch_bias(l.bias, l.buf, strip + ATTN_WAVES as usize) };
         }
-        let (p, inv) = softmax::<M>(&mut s, mx, k.c);
-        // A NaN sum: some score of the row was not finite; the strip is
-        // done again the exact way after the others (module docs).
-        let mut bad = false;
-        for r in 0..M::ROWS {
-            bad |= inv[r].is_nan();
-        }
-        redo |= u32::from(gpu::wave_any(bad)) << strip;
+        let (p, sum) = softmax::<M>(&mut s, mx, k.c);
         // Keeps the v reads here: hoisted above the softmax, they raised the
         // register peak past gfx90a's 128 VGPRs (and spilled).
         gpu::sched_barrier();
@@ -711,6 +728,14 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             // hoisted together spilled there.
             gpu::sched_barrier();
         });
+        let inv = inv_sums::<M>(sum);
+        // A NaN sum: some score of the row was not finite; the strip is
+        // done again the exact way after the others (module docs).
+        let mut bad = false;
+        for r in 0..M::ROWS {
+            bad |= inv[r].is_nan();
+        }
+        redo |= u32::from(gpu::wave_any(bad)) << strip;
         store_rows::<M>(a, w, h, r0, o0, o1, inv);
         strip += ATTN_WAVES as usize;
     }
