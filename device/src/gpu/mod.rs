@@ -313,7 +313,8 @@ pub fn sched_barrier() {
 ///
 /// # Safety
 /// `src` readable for 16 bytes (global memory), `dst` writable for 16
-/// bytes of workgroup memory, both 16-byte aligned.
+/// bytes of the launch-sized workgroup memory ([`workgroup_mem`]), both
+/// 16-byte aligned.
 #[inline(always)]
 pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
     // SAFETY: caller contract.

@@ -72,7 +72,10 @@ impl Swizzle {
     /// of an odd number of chunk pairs (the 288-byte bias rows).
     pub const PAIRS: Self = Self { shift: 2, mask: 1 };
     /// Chunks XORed with `(r >> 1) & 3`: conflict-free for 64-byte rows
-    /// (rows of a multiple of 4 chunks).
+    /// (rows of a multiple of 4 chunks). A `QUADS` tile's rows must start
+    /// at 64-byte-aligned offsets of workgroup memory: the NVIDIA loads
+    /// find a row's second 16-column half by flipping bit 5 of its
+    /// address.
     pub const QUADS: Self = Self { shift: 1, mask: 3 };
 
     /// The XOR applied to the chunks of row `r`.
@@ -129,7 +132,7 @@ impl Tile {
         // the mask (constants in unrolled loops) stay an addend: the
         // address is then a lane register plus an immediate.
         let m = self.sw.mask as usize;
-        let c = (col / 8 & !m) + ((col / 8 & m) ^ self.sw.of(r) as usize);
+        let c = ((col / 8) & !m) + (((col / 8) & m) ^ self.sw.of(r) as usize);
         self.p
             .wrapping_add((row0 + r as usize) * self.stride + 8 * c + col % 8)
     }

@@ -68,6 +68,46 @@ fn quad_addr(p: *const u16, stride: usize, rows: [u32; 4], cols: [u32; 4]) -> *c
     p.wrapping_add(r as usize * stride + c as usize)
 }
 
+/// `ldmatrix.x4` (`.trans` when `TRANS`) of the matrices [`row_addr`]
+/// names. A [`super::Swizzle::QUADS`] tile's second 16-column half comes from the
+/// first half's lane address in rows 0.. with bit 5 of its offset flipped
+/// (64-byte rows), plus the rows' offset: one register serves both halves
+/// and every row block, as immediates did for padded rows.
+///
+/// # Safety
+/// As for [`Mma::load_a`]: the matrices' rows readable in workgroup
+/// memory, 16-byte aligned (a `QUADS` tile's rows at 64-byte-aligned
+/// offsets); the whole warp calls this.
+#[inline(always)]
+unsafe fn load_x4<const TRANS: bool>(
+    t: Tile,
+    row0: usize,
+    col0: usize,
+    rows: [u32; 4],
+    cols: [u32; 4],
+) -> [u32; 4] {
+    if t.quads() && col0 % 32 == 16 {
+        let (a, off) = (row_addr(t, 0, col0 - 16, rows, cols), row0 * t.stride());
+        // SAFETY: caller contract; the moved address is the row to read.
+        return unsafe {
+            if TRANS {
+                imp::ldmatrix_x4_trans_x(a, 32, off)
+            } else {
+                imp::ldmatrix_x4_x(a, 32, off)
+            }
+        };
+    }
+    let a = row_addr(t, row0, col0, rows, cols);
+    // SAFETY: caller contract.
+    unsafe {
+        if TRANS {
+            imp::ldmatrix_x4_trans(a)
+        } else {
+            imp::ldmatrix_x4(a)
+        }
+    }
+}
+
 impl Mma for Warp32 {
     const LANES: u32 = 32;
     const ACC_LEN: usize = 8;
@@ -123,48 +163,24 @@ impl Mma for Warp32 {
     #[inline(always)]
     unsafe fn load_a(t: Tile, row0: usize, col0: usize) -> [u32; 4] {
         // a0..a3: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (0-7, 8-15), (8-15, 8-15).
-        // A swizzled tile's second 16-column half: the first half's lane
-        // address in rows 0.. with bit 5 of its offset flipped (64-byte
-        // rows), then the rows' offset: one register serves both halves and
-        // every row block, as immediates did for padded rows.
-        if t.quads() && col0 % 32 == 16 {
-            let a = row_addr(t, 0, col0 - 16, [0, 1, 0, 1], [0, 0, 1, 1]);
-            return unsafe { imp::ldmatrix_x4_x(a, 32, row0 * t.stride()) };
-        }
-        let a = row_addr(t, row0, col0, [0, 1, 0, 1], [0, 0, 1, 1]);
-        unsafe { imp::ldmatrix_x4(a) }
+        // SAFETY: caller contract.
+        unsafe { load_x4::<false>(t, row0, col0, [0, 1, 0, 1], [0, 0, 1, 1]) }
     }
 
     #[inline(always)]
     unsafe fn load_b_t(t: Tile, row0: usize, col0: usize) -> [u32; 4] {
         // The tile's row j is B's column j: b0 of half h is tile rows
         // 8h.., columns (k) 0-7, non-transposed; b1 the same at k 8-15.
-        // A swizzled tile's second 16-column half: the first half's lane
-        // address in rows 0.. with bit 5 of its offset flipped (64-byte
-        // rows), then the rows' offset: one register serves both halves and
-        // every row block, as immediates did for padded rows.
-        if t.quads() && col0 % 32 == 16 {
-            let a = row_addr(t, 0, col0 - 16, [0, 0, 1, 1], [0, 1, 0, 1]);
-            return unsafe { imp::ldmatrix_x4_x(a, 32, row0 * t.stride()) };
-        }
-        let a = row_addr(t, row0, col0, [0, 0, 1, 1], [0, 1, 0, 1]);
-        unsafe { imp::ldmatrix_x4(a) }
+        // SAFETY: caller contract.
+        unsafe { load_x4::<false>(t, row0, col0, [0, 0, 1, 1], [0, 1, 0, 1]) }
     }
 
     #[inline(always)]
     unsafe fn load_b(t: Tile, row0: usize, col0: usize) -> [u32; 4] {
         // b0 of half h is tile rows (k) 0-7, columns 8h.., transposed; b1
         // the same at k 8-15.
-        // A swizzled tile's second 16-column half: the first half's lane
-        // address in rows 0.. with bit 5 of its offset flipped (64-byte
-        // rows), then the rows' offset: one register serves both halves and
-        // every row block, as immediates did for padded rows.
-        if t.quads() && col0 % 32 == 16 {
-            let a = row_addr(t, 0, col0 - 16, [0, 1, 0, 1], [0, 0, 1, 1]);
-            return unsafe { imp::ldmatrix_x4_trans_x(a, 32, row0 * t.stride()) };
-        }
-        let a = row_addr(t, row0, col0, [0, 1, 0, 1], [0, 0, 1, 1]);
-        unsafe { imp::ldmatrix_x4_trans(a) }
+        // SAFETY: caller contract.
+        unsafe { load_x4::<true>(t, row0, col0, [0, 1, 0, 1], [0, 0, 1, 1]) }
     }
 
     #[inline(always)]
