@@ -192,61 +192,60 @@ impl Layout {
 }
 const _: () = assert!(D <= LS && T <= BS);
 
-/// Copies the window's q, k and v rows of head `h` into workgroup memory
-/// (all loads issued before the stores), adding the QKV bias.
+/// Adds the QKV bias to the q, k and v pieces this thread copied
+/// ([`copy`]), in workgroup memory, after the thread's wait: `f16(x + b)`
+/// per element. Each thread touches only its own pieces, so the
+/// workgroup's barrier after this is the only one needed. Through the
+/// asynchronous copy and this pass the bias costs no exposed load latency:
+/// loading the rows through registers to add it on the way took 1.46
+/// times as long as the copy path on the H200 (BENCHMARKS.md, fourteenth
+/// session).
 ///
 /// # Safety
-/// As for [`window_attention`]; `lds` holds three 144-row tiles.
+/// As for [`window_attention`]; `lds` holds three 144-row tiles, copied
+/// by this thread's [`copy`] and waited for.
 // Index loops over register arrays unroll; iterators do not always.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn stage(a: &Args, lay: Layout, lds: *mut u16, w: usize, h: usize) {
+unsafe fn add_qkv_bias(a: &Args, lay: Layout, lds: *mut u16, h: usize) {
     let ch = a.heads as usize * D;
     let (t0, part, c, rows) = qkv_share();
-    // A constant on the GPU targets (18 or 9), so the unused slots of the
-    // wave64 build vanish at compile time.
     let per = T / rows;
-    let src = a
-        .qkv
-        .wrapping_add((w * T + t0) * 3 * ch + part * ch + h * D + 8 * c);
     // Rows t0 + j rows keep t0's swizzle (rows is a multiple of 8).
     let dst = lay.qkv(lds, part).at(t0, 8 * c).cast_mut();
     // SAFETY: part * C + h * 32 + 8c < 3C; aligned (caller).
     let b = unsafe { load8_bits(a.qkv_bias.add(part * ch + h * D + 8 * c)) };
-    let mut v = [[0u32; 4]; PER_THREAD];
     crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
         if j < per {
-            // SAFETY: token row t0 + j * rows < 144 of the window (caller);
-            // 16-byte aligned.
-            let x = unsafe { load8_bits(src.add(j * rows * 3 * ch)) };
+            let p = dst.wrapping_add(j * rows * lay.ls);
+            // SAFETY: the piece this thread copied (inside the three
+            // tiles, 16-byte aligned) and waited for.
+            let x = unsafe { load8_bits(p) };
+            let mut v = [0u32; 4];
             // Word by word (a whole-vector copy left the array in local
             // memory on NVPTX).
             for k in 0..4 {
-                v[j][k] = gpu::add_h2(x.0[k], b.0[k]);
+                v[k] = gpu::add_h2(x.0[k], b.0[k]);
             }
-        }
-    });
-    crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17] {
-        if j < per {
-            // SAFETY: inside the three tiles; rows of 64 or 80 bytes keep
-            // the 16-byte alignment.
-            unsafe { store8_bits(dst.add(j * rows * lay.ls), V8(v[j])) };
+            // SAFETY: as above.
+            unsafe { store8_bits(p, V8(v)) };
         }
     });
 }
 
-/// [`stage`] without a QKV bias: starts straight copies to workgroup
+/// Starts copying the window's q, k and v rows of head `h` to workgroup
 /// memory (`cp.async` on NVIDIA: no registers hold the data in flight);
 /// [`gpu::copy_to_workgroup_wait`] waits for them.
 ///
 /// # Safety
-/// As for [`stage`].
+/// As for [`window_attention`]; `lds` holds three 144-row tiles.
 #[inline(always)]
 unsafe fn copy(a: &Args, lay: Layout, lds: *mut u16, w: usize, h: usize) {
     let ch = a.heads as usize * D;
     let (t0, part, c, rows) = qkv_share();
-    // A constant on the GPU targets, as in `stage`: the loop unrolls, with
-    // the destinations as immediates.
+    // A constant on the GPU targets (18 or 9): the loop unrolls, with the
+    // destinations as immediates, and the unused slots of the wave64
+    // build vanish at compile time.
     let per = T / rows;
     let src = a
         .qkv
@@ -774,13 +773,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
             super::bias_mask_add::lookup::<MASK>(a.types, a.slots, w as u32, a.n_types, a.n_slots)
         };
         // SAFETY: one workgroup per (window, head) (caller).
-        unsafe {
-            if a.qkv_bias.is_null() {
-                copy(&a, lay, lds, w, h)
-            } else {
-                stage(&a, lay, lds, w, h)
-            }
-        };
+        unsafe { copy(&a, lay, lds, w, h) };
         if MASK {
             // SAFETY: `lookup` trapped on slots out of range; the slot's
             // labels lie in `labels` (caller).
@@ -793,6 +786,10 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         // SAFETY: the wave's buffer; its first strip.
         unsafe { prefetch_bias(bp, buf, wave) };
         gpu::copy_to_workgroup_wait();
+        if !a.qkv_bias.is_null() {
+            // SAFETY: this thread's pieces, copied and waited for.
+            unsafe { add_qkv_bias(&a, lay, lds, h) };
+        }
         gpu::barrier();
         let l = Tiles {
             q: lay.qkv(lds, 0),
