@@ -62,7 +62,8 @@
 //! and the window's 144 labels are copied to workgroup memory in 16-byte
 //! pieces ([`gpu::copy_to_workgroup`]: `cp.async` on NVIDIA, so no
 //! registers hold them in flight; each eight threads fill 128 contiguous
-//! bytes), in the target's `Layout` (NVIDIA: dense rows with swizzled
+//! bytes; a QKV bias is then added in place, [`add_qkv_bias`]), in the
+//! target's `Layout` (NVIDIA: dense rows with swizzled
 //! 16-byte chunks; AMD: rows padded to [`ATTN_LDS_STRIDE`]); a masked
 //! window of up to [`ATTN_ONEHOT_REGIONS`] regions writes its one-hot key
 //! tile. Each wave then takes the 16-row query strips `w, w + 3, w + 6`:
