@@ -110,6 +110,8 @@ impl Tile {
     }
 
     /// Halves from one row to the next.
+    // The NVIDIA loads' (`Warp32`) only, as is `quads`.
+    #[cfg(not(target_arch = "amdgpu"))]
     #[inline(always)]
     pub(crate) fn stride(self) -> usize {
         self.stride
@@ -118,6 +120,7 @@ impl Tile {
     /// Whether the tile is [`Swizzle::QUADS`]-swizzled (its rows then lie
     /// at 64-byte-aligned offsets of workgroup memory: the caller's
     /// contract for such tiles).
+    #[cfg(not(target_arch = "amdgpu"))]
     #[inline(always)]
     pub(crate) fn quads(self) -> bool {
         self.sw == Swizzle::QUADS
