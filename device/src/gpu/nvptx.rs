@@ -293,68 +293,58 @@ fn shared_addr(p: *const u16) -> u32 {
 // intrinsic takes a generic pointer only). LLVM does not treat inline
 // assembly as convergent, so, as for every collective of the facade, the
 // caller keeps the whole warp present (`../shared/TOOLCHAIN.md`'s asm
-// route); `mma` stays the convergent intrinsic.
+// route); `mma` stays the convergent intrinsic. The asm, at a 32-bit
+// shared address; the caller's `unsafe` block covers it.
+macro_rules! ldmatrix_at {
+    ($op:literal, $a:expr) => {{
+        let (r0, r1, r2, r3): (u32, u32, u32, u32);
+        core::arch::asm!(
+            concat!($op, " {{{r0}, {r1}, {r2}, {r3}}}, [{a}];"),
+            a = in(reg32) $a,
+            r0 = out(reg32) r0,
+            r1 = out(reg32) r1,
+            r2 = out(reg32) r2,
+            r3 = out(reg32) r3,
+            options(readonly, nostack, preserves_flags)
+        );
+        [r0, r1, r2, r3]
+    }};
+}
+
+// Each `ldmatrix` form twice: at `p`, and at `p`'s shared address XOR `x`
+// plus `off` halves (a swizzled tile's second 16-column half from its
+// first half's lane address in the tile's first rows). The XOR equals
+// XORing the offset in workgroup memory (the emulator's form) because the
+// launch-sized workgroup memory is declared 128-byte aligned
+// ([`workgroup_mem`]); XORing the offset before adding the base instead
+// kept more registers live (ptxas: 116 bytes of spills in the mask entry
+// against 20). `off` is added after the XOR so that one register plus an
+// immediate serves every row block.
 macro_rules! ldmatrix {
-    ($name:ident, $op:literal) => {
+    ($name:ident, $name_x:ident, $op:literal) => {
         #[inline(always)]
         pub unsafe fn $name(p: *const u16) -> [u32; 4] {
-            let (r0, r1, r2, r3): (u32, u32, u32, u32);
             // SAFETY: caller contract (workgroup memory, 16-byte aligned
             // rows, the whole warp); the asm reads only workgroup memory.
-            unsafe {
-                core::arch::asm!(
-                    concat!($op, " {{{r0}, {r1}, {r2}, {r3}}}, [{a}];"),
-                    a = in(reg32) shared_addr(p),
-                    r0 = out(reg32) r0,
-                    r1 = out(reg32) r1,
-                    r2 = out(reg32) r2,
-                    r3 = out(reg32) r3,
-                    options(readonly, nostack, preserves_flags)
-                );
-            }
-            [r0, r1, r2, r3]
+            unsafe { ldmatrix_at!($op, shared_addr(p)) }
         }
-    };
-}
-ldmatrix!(ldmatrix_x4, "ldmatrix.sync.aligned.m8n8.x4.shared.b16");
 
-// `ldmatrix` at `p`'s shared address XOR `x`, plus `off` halves (a
-// swizzled tile's second 16-column half from its first half's lane address
-// in the tile's first rows). Equal to XORing the offset in workgroup memory
-// (the emulator's form) because the launch-sized workgroup memory is
-// declared 128-byte aligned ([`workgroup_mem`]); XORing the offset before
-// adding the base instead kept more registers live (ptxas: 116 bytes of
-// spills in the mask entry against 20). `off` is added after the XOR so
-// that one register plus an immediate serves every row block.
-macro_rules! ldmatrix_x {
-    ($name:ident, $op:literal) => {
         #[inline(always)]
-        pub unsafe fn $name(p: *const u16, x: u32, off: usize) -> [u32; 4] {
-            let (r0, r1, r2, r3): (u32, u32, u32, u32);
-            // SAFETY: as for `ldmatrix!`'s loads (caller contract: the
-            // moved address lies in the same tile row).
-            unsafe {
-                core::arch::asm!(
-                    concat!($op, " {{{r0}, {r1}, {r2}, {r3}}}, [{a}];"),
-                    a = in(reg32) (shared_addr(p) ^ x).wrapping_add(2 * off as u32),
-                    r0 = out(reg32) r0,
-                    r1 = out(reg32) r1,
-                    r2 = out(reg32) r2,
-                    r3 = out(reg32) r3,
-                    options(readonly, nostack, preserves_flags)
-                );
-            }
-            [r0, r1, r2, r3]
+        pub unsafe fn $name_x(p: *const u16, x: u32, off: usize) -> [u32; 4] {
+            // SAFETY: as for the plain form (caller contract: the moved
+            // address is the row to read).
+            unsafe { ldmatrix_at!($op, (shared_addr(p) ^ x).wrapping_add(2 * off as u32)) }
         }
     };
 }
-ldmatrix_x!(ldmatrix_x4_x, "ldmatrix.sync.aligned.m8n8.x4.shared.b16");
-ldmatrix_x!(
-    ldmatrix_x4_trans_x,
-    "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+ldmatrix!(
+    ldmatrix_x4,
+    ldmatrix_x4_x,
+    "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
 );
 ldmatrix!(
     ldmatrix_x4_trans,
+    ldmatrix_x4_trans_x,
     "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
 );
 
