@@ -104,12 +104,15 @@ def gather(drv, table):
     return fn
 
 
-def window_attention(drv, windows, heads, n_types, n_slots, name="wf_window_attention_mask_144"):
+def window_attention(drv, windows, heads, n_types, n_slots, name="wf_window_attention_mask_144",
+                     qkv_bias=None):
     """(qkv, bias, mask, type_idx, slot_idx, labels) -> out [windows*144,
-    32*heads], like peers.make_window_attention (scale 32^-0.5, no QKV
-    bias); the kernel reads the mask as the int32 region labels [slots,
-    144] (mask is their tile form, for PyTorch); the int64 maps become the
-    int32 tables the kernel reads (converted once per map tensor)."""
+    32*heads], like peers.make_window_attention (scale 32^-0.5; with
+    `qkv_bias`, an f16 tensor [3 * 32 * heads], the kernel adds it to q, k
+    and v first); the kernel reads the mask as the int32 region labels
+    [slots, 144] (mask is their tile form, for PyTorch); the int64 maps
+    become the int32 tables the kernel reads (converted once per map
+    tensor)."""
     scale = ctypes.c_float(32 ** -0.5)
     tables = {}
 
@@ -120,7 +123,8 @@ def window_attention(drv, windows, heads, n_types, n_slots, name="wf_window_atte
         ty, sl = tables[key]
         out = torch.empty((windows * 144, 32 * heads), device=qkv.device, dtype=qkv.dtype)
         drv.launch(name, windows * heads, ATTN_WAVES * 32,
-                   [ptr(qkv), ctypes.c_uint64(0), ptr(out), ptr(bias), ptr(labels), ptr(ty), ptr(sl),
+                   [ptr(qkv), ctypes.c_uint64(0) if qkv_bias is None else ptr(qkv_bias), ptr(out),
+                    ptr(bias), ptr(labels), ptr(ty), ptr(sl),
                     ctypes.c_uint32(heads), ctypes.c_uint32(n_types), ctypes.c_uint32(n_slots), scale],
                    shared=ATTN_SHARED_BYTES)
         return out

@@ -1,5 +1,7 @@
-//! The emulator's execution model: real exchanges, real barriers, and
-//! partial or divergent collectives reported instead of papered over.
+//! The emulator's execution model: real exchanges, real barriers, waves
+//! that run ahead of each other between barriers, poisoned workgroup
+//! memory, and partial or divergent collectives reported instead of
+//! papered over.
 use std::sync::atomic::{AtomicU32, Ordering};
 use wavefuse_device::emu::{EmuError, LaunchConfig, launch};
 use wavefuse_device::gpu;
@@ -93,6 +95,62 @@ fn barrier_orders_workgroup_memory() {
     })
     .expect("clean launch");
     assert_eq!(bad.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_missing_barrier_shows_in_one_of_the_wave_orders() {
+    // Each wave writes its slot, exchanges within the wave (lock-step
+    // scheduling would let every wave write before any read), then reads
+    // the other wave's slot with no barrier between: one wave runs ahead
+    // of the other, first the last wave (before the first barrier), then
+    // the first (after it), so the read misses the write in both halves.
+    let (stale, fresh) = (AtomicU32::new(0), AtomicU32::new(0));
+    launch(&cfg(64, 32), &|| {
+        let m = gpu::workgroup_mem::<u32>();
+        let (t, w) = (gpu::thread_id(), gpu::thread_id() / 32);
+        for round in 0..2u32 {
+            if t % 32 == 0 {
+                // SAFETY: two u32 of the 1024-byte memory.
+                unsafe { m.add(w as usize).write(round + 1) };
+            }
+            gpu::shfl_xor_u32(0, 1);
+            // SAFETY: as above.
+            let v = unsafe { m.add(1 - w as usize).read() };
+            if t % 32 == 0 {
+                let c = if v == round + 1 { &fresh } else { &stale };
+                c.fetch_add(1 << (8 * (w + 2 * round)), Ordering::Relaxed);
+            }
+            gpu::barrier();
+        }
+    })
+    .expect("clean launch");
+    // Per workgroup (6): round 0, wave 1 ran first and read stale (wave 0
+    // fresh); round 1, wave 0 first and stale.
+    let (s, f) = (stale.load(Ordering::Relaxed), fresh.load(Ordering::Relaxed));
+    assert_eq!((s, f), (6 << 8 | 6 << 16, 6 | 6 << 24), "{s:#x} {f:#x}");
+}
+
+#[test]
+fn odd_workgroups_find_finite_poison() {
+    // All ones (NaN) in even workgroups, 0x3555 (f16 0.333) in odd ones:
+    // a kernel whose NaN handling repairs a read of unwritten memory
+    // still sees a wrong finite value half the time.
+    let seen = [AtomicU32::new(0), AtomicU32::new(0)];
+    launch(&cfg(32, 32), &|| {
+        // SAFETY: the first u32 of the 1024-byte memory, never written.
+        let v = unsafe { gpu::workgroup_mem::<u32>().read() };
+        let b = gpu::block_id() + 3 * gpu::block_id_y();
+        let want = if b.is_multiple_of(2) {
+            u32::MAX
+        } else {
+            0x3555_3555
+        };
+        if gpu::thread_id() == 0 && v == want {
+            seen[(b % 2) as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    })
+    .expect("clean launch");
+    assert_eq!(seen.map(|c| c.load(Ordering::Relaxed)), [3, 3]);
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! Per-workgroup scheduling of emulated threads.
-use super::{Ctx, EmuError, LaunchConfig, MatrixOp, MatrixRegs, Op, Yielder, poisoned_shared};
+use super::{
+    Ctx, EmuError, LaunchConfig, MatrixOp, MatrixRegs, Op, Yielder, poison, poisoned_shared,
+};
 use core::cell::Cell;
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult};
@@ -84,7 +86,7 @@ fn worker(
         let gx = u64::from(cfg.grid.0);
         // Both fit in u32: b < grid.0 * grid.1.
         let block = ((b % gx) as u32, (b / gx) as u32);
-        shared.fill(u128::MAX);
+        shared.fill(poison(b));
         run_block(cfg, block, kernel, &mut stacks, shared.as_mut_ptr().cast())?;
     }
 }
@@ -141,47 +143,75 @@ fn schedule(
 ) -> Result<(), EmuError> {
     let n = state.len();
     let wave = cfg.wave as usize;
+    let waves = n / wave;
+    // One wave at a time, each run until it waits at the workgroup barrier
+    // (or exits) before the next starts, the last wave first in even
+    // barrier phases and the first wave first in odd ones: a kernel that
+    // reads workgroup memory another wave overwrites without a barrier
+    // between them sees the overwritten data in one of the two orders,
+    // which lock-step scheduling of the waves would hide.
+    let mut phase = 0usize;
     loop {
-        for t in 0..n {
-            if let State::Ready(v) = state[t] {
-                super::CURRENT.with(|c| c.set(&ctxs[t]));
-                let r = threads[t].resume(v);
-                super::CURRENT.with(|c| c.set(core::ptr::null()));
-                state[t] = match r {
-                    CoroutineResult::Yield(Op::Trap) => {
-                        return Err(EmuError::Trap {
-                            block,
-                            thread: t as u32,
-                        });
-                    }
-                    CoroutineResult::Yield(op) => State::Waiting(op),
-                    CoroutineResult::Return(()) => State::Done,
-                };
+        let pick = (0..waves)
+            .map(|i| {
+                if phase.is_multiple_of(2) {
+                    waves - 1 - i
+                } else {
+                    i
+                }
+            })
+            .find(|&w| {
+                state[w * wave..(w + 1) * wave]
+                    .iter()
+                    .any(|s| matches!(s, State::Ready(_)))
+            });
+        if let Some(w) = pick {
+            for t in w * wave..(w + 1) * wave {
+                if let State::Ready(v) = state[t] {
+                    super::CURRENT.with(|c| c.set(&ctxs[t]));
+                    let r = threads[t].resume(v);
+                    super::CURRENT.with(|c| c.set(core::ptr::null()));
+                    state[t] = match r {
+                        CoroutineResult::Yield(Op::Trap) => {
+                            return Err(EmuError::Trap {
+                                block,
+                                thread: t as u32,
+                            });
+                        }
+                        CoroutineResult::Yield(op) => State::Waiting(op),
+                        CoroutineResult::Return(()) => State::Done,
+                    };
+                }
             }
+            resolve_wave(cfg, block, w as u32, &mut state[w * wave..(w + 1) * wave])?;
+            continue;
         }
-        let mut progressed = false;
         let mut at_barrier = 0u32;
         let mut exited = 0u32;
-        for (w, lanes) in state.chunks_mut(wave).enumerate() {
-            progressed |= resolve_wave(cfg, block, w as u32, lanes)?;
-            for s in lanes.iter() {
-                match s {
-                    State::Waiting(Op::Barrier) => at_barrier += 1,
-                    State::Done => exited += 1,
-                    _ => {}
-                }
+        for s in state.iter() {
+            match s {
+                State::Waiting(Op::Barrier) => at_barrier += 1,
+                State::Done => exited += 1,
+                _ => {}
             }
         }
         if exited as usize == n {
             return Ok(());
         }
-        if progressed {
-            continue;
-        }
         if at_barrier as usize == n {
             state.iter_mut().for_each(|s| *s = State::Ready(0));
+            phase += 1;
         } else if at_barrier > 0 {
             return Err(EmuError::PartialBarrier { block, exited });
+        } else {
+            // Every lane waits at an exchange that did not complete (its
+            // wave's resolve reported why) or has exited.
+            for (w, lanes) in state.chunks_mut(wave).enumerate() {
+                resolve_wave(cfg, block, w as u32, lanes)?;
+            }
+            if !state.iter().any(|s| matches!(s, State::Ready(_))) {
+                return Err(EmuError::PartialBarrier { block, exited });
+            }
         }
     }
 }
