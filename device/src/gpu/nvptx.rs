@@ -261,12 +261,15 @@ unsafe extern "unadjusted" {
 /// The 32-bit shared-window address of `p`, which points into workgroup
 /// memory: its distance from the launch-sized workgroup memory (exact
 /// modulo 2^32, both lie in the shared window) plus that memory's shared
-/// address (`cvta.to.shared`). LLVM folds the truncated distance of a
-/// pointer derived from [`workgroup_mem`] to 32-bit offset arithmetic, so
-/// an `ldmatrix` address becomes one register plus an immediate; through
-/// the generic form each address was a 64-bit add, moves and a
-/// generic-to-shared conversion (about 230 of the window attention's 1,040
-/// instructions per strip in the SASS of one build).
+/// address (`cvta.to.shared`). LLVM folds the distance of a pointer
+/// derived from [`workgroup_mem`] to offset arithmetic, so an `ldmatrix`
+/// address becomes one register plus an immediate; through the generic
+/// form each address was a 64-bit add, moves and a generic-to-shared
+/// conversion (about 230 of the window attention's 1,040 instructions per
+/// strip in the SASS of one build). The distance is taken before the
+/// truncation: truncating both pointers first left a generic address and
+/// its conversion per `ldmatrix` row address computed before the strips
+/// (63 more instructions per wave and window in sm_90 SASS).
 #[inline(always)]
 fn shared_addr(p: *const u16) -> u32 {
     let g = workgroup_mem::<u16>();
@@ -284,9 +287,7 @@ fn shared_addr(p: *const u16) -> u32 {
             options(pure, nomem, nostack, preserves_flags)
         );
     }
-    (p as usize as u32)
-        .wrapping_sub(g as usize as u32)
-        .wrapping_add(s)
+    ((p as usize).wrapping_sub(g as usize) as u32).wrapping_add(s)
 }
 
 // `ldmatrix` through inline PTX on a shared-window address (the NVVM

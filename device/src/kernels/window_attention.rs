@@ -767,14 +767,29 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         // Every copy starts before the one wait: q, k and v, the labels
         // and the first bias strip arrive together (copied and waited for
         // one after another, they were about a tenth of the kernel's stall
-        // samples on the H200). Reading the tables after the copies start
-        // would overlap one more latency, but spilled in the mask entry.
-        // SAFETY: w < windows: the tables hold one entry per window.
-        let (ty, sl) = unsafe {
-            super::bias_mask_add::lookup::<MASK>(a.types, a.slots, w as u32, a.n_types, a.n_slots)
+        // samples on the H200). Without a mask the table is read after the
+        // q, k, v copies start, so that its latency (and its range check's)
+        // overlaps theirs: 1-2% on the H200 (BENCHMARKS.md, fifteenth
+        // session); in the mask entry that order kept a value in local
+        // memory through the strips.
+        let lookup = || {
+            // SAFETY: w < windows: the tables hold one entry per window.
+            unsafe {
+                super::bias_mask_add::lookup::<MASK>(
+                    a.types, a.slots, w as u32, a.n_types, a.n_slots,
+                )
+            }
         };
-        // SAFETY: one workgroup per (window, head) (caller).
-        unsafe { copy(&a, lay, lds, w, h) };
+        let (ty, sl) = if MASK {
+            let t = lookup();
+            // SAFETY: one workgroup per (window, head) (caller).
+            unsafe { copy(&a, lay, lds, w, h) };
+            t
+        } else {
+            // SAFETY: as above.
+            unsafe { copy(&a, lay, lds, w, h) };
+            lookup()
+        };
         if MASK {
             // SAFETY: `lookup` trapped on slots out of range; the slot's
             // labels lie in `labels` (caller).
