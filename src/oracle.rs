@@ -71,13 +71,15 @@ pub struct AttnRow {
 /// the keys `k[j]` and values `v[j]` (every input as the kernel sees it,
 /// in f64); `None` where the row is NaN (a NaN or +inf score, or all -inf).
 /// The tolerance is the documented bound, per channel: `ulp(out) / 2 +
-/// ulp(M) + sum_j p_j |v_j| dz_j + M dz_max + 2^-24 sum_j |v_j| / sum_j
-/// e_j`, with `M = sum_j p_j |v_j|` and `dz_j = 2^-17 (scale sum_d |q_d
-/// k_jd| + |bias_j|) + 2^-11 |mask_j| + 2^-22 (|bias_j| + |z_j|)` (f32
-/// scores: the matrix unit's accumulation of q . k and the bias, the
-/// mask's f16 form, then the roundings of the exponent's argument),
-/// `dz_max` that of the row's maximum plus `2^-22 |max|` (the exponent's
-/// `fma`).
+/// (1 + 2^-10) (2^-11 sum_j p_j |v_j - out| + 2^-25 sum_j |v_j - out| /
+/// sum_j e_j) + 2^-16 (M + |out|) + sum_j p_j |v_j| dz_j + M dz_max`, with
+/// `M = sum_j p_j |v_j|` and `dz_j = 2^-17 (scale sum_d |q_d k_jd| +
+/// |bias_j|) + 2^-11 |mask_j| + 2^-22 (|bias_j| + |z_j|)` (f32 scores: the
+/// matrix unit's accumulation of q . k and the bias, the mask's f16 form,
+/// then the roundings of the exponent's argument), `dz_max` that of the
+/// row's maximum plus `2^-22 |max|` (the exponent's `fma`). The second
+/// term is the f16 rounding of the weights, whose rounded sum normalises
+/// them; the third the f32 sums on the matrix unit.
 pub fn attention_row(
     q: &[f64],
     k: &[Vec<f64>],
@@ -121,9 +123,13 @@ pub fn attention_row(
             .map(|j| e[j] * v[j][c].abs() * dz[j])
             .sum::<f64>()
             / sum;
-        let va: f64 = (0..n).map(|j| v[j][c].abs()).sum();
+        // The weights' f16 rounding, relative to the mean they form.
+        let dev: f64 = (0..n).map(|j| e[j] * (v[j][c] - o).abs()).sum::<f64>() / sum;
+        let dev_all: f64 = (0..n).map(|j| (v[j][c] - o).abs()).sum();
+        let rounding =
+            (1.0 + 2f64.powi(-10)) * (2f64.powi(-11) * dev + 2f64.powi(-25) * dev_all / sum);
         out[c] = o;
-        tol[c] = 0.5 * f16_ulp(o) + f16_ulp(m) + mz + m * dz_max + 2f64.powi(-24) * va / sum;
+        tol[c] = 0.5 * f16_ulp(o) + rounding + 2f64.powi(-16) * (m + o.abs()) + mz + m * dz_max;
     }
     Some(AttnRow { out, tol })
 }

@@ -529,6 +529,68 @@ fn row_reductions_cover_each_row_once() {
     }
 }
 
+/// Row sums on the matrix unit: two 16x16 tiles (one 16x32 row-major
+/// matrix) summed per row by `add_row_sums`, read back by `row_sums` on
+/// every lane that holds the row.
+struct RowSums {
+    a: usize,
+    out: usize,
+}
+
+impl MatrixKernel for RowSums {
+    fn run<M: Mma>(self) {
+        let (a, out) = (self.a as *const f16, self.out as *mut f32);
+        let m = gpu::workgroup_mem::<u16>();
+        if thread_id() == 0 {
+            for x in 0..16 * 32 {
+                // SAFETY: 16 rows of S = 32 halves fit the workgroup memory.
+                unsafe { m.add(x).write((*a.add(x)).to_bits()) };
+            }
+        }
+        gpu::barrier();
+        let t = Tile::new(m, S, Swizzle::NONE);
+        // SAFETY: rows 0..16, columns 0..32 of the tile above.
+        let s = unsafe {
+            M::add_row_sums(
+                M::load_a(t, 0, 16),
+                M::add_row_sums(M::load_a(t, 0, 0), M::sums_zero()),
+            )
+        };
+        let sums = M::row_sums(s);
+        let lane = (thread_id() % M::LANES) as usize;
+        for (r, sum) in sums.iter().enumerate().take(M::ROWS) {
+            let i = M::slot_row(r) as usize;
+            // SAFETY: 16 rows x 64 lanes.
+            unsafe { out.add(i * 64 + lane).write(*sum) };
+        }
+    }
+}
+
+#[test]
+fn row_sums_on_the_matrix_unit_cover_each_row() {
+    for wave in [32u32, 64] {
+        for seed in [21, 22] {
+            let a = matrix(seed, 16, 32);
+            let mut out = vec![f32::NAN; 16 * 64];
+            let (pa, po) = (a.as_ptr() as usize, out.as_mut_ptr() as usize);
+            launch(&cfg(wave, wave), &|| {
+                gpu::mma::run(RowSums { a: pa, out: po })
+            })
+            .expect("launch");
+            for i in 0..16 {
+                // Exact in f32 (halves of small integers).
+                let want: f32 = a[i * 32..(i + 1) * 32].iter().map(|x| x.to_f32()).sum();
+                let got: Vec<f32> = out[i * 64..(i + 1) * 64]
+                    .iter()
+                    .copied()
+                    .filter(|x| !x.is_nan())
+                    .collect();
+                assert_eq!(got, vec![want; 4], "wave{wave} seed {seed} row {i}");
+            }
+        }
+    }
+}
+
 #[test]
 fn facade_with_a_wrong_layout_is_wrong() {
     // The NVIDIA fragments through the AMD instruction (and the reverse)

@@ -32,17 +32,22 @@
 //! - `m = max_j a` (f32, exact; `scale > 0`);
 //! - `e = 2^(fma(a, c, -(m c)))`, `c = f32(scale log2 e)`, the hardware
 //!   `exp2` ([`gpu::exp2_approx`]);
-//! - `sum = sum_j e` in f32 (unrounded `e`; per lane and 16-key tile a
-//!   pairwise sum of its four weights, a chain over the tiles, then over
-//!   the lanes of the row);
 //! - `p = f16(e)`: the unnormalised weights are rounded once to f16 for
 //!   `P V` on the matrix unit (f32 accumulation);
+//! - `sum = sum_j p_j`: the row sums of the same rounded weights, on the
+//!   matrix unit with `P V` (`P` times a tile of ones, f32 accumulation:
+//!   [`Mma::add_row_sums`]);
 //! - `out = f16(o * (1 / sum))`.
 //!
-//! So the result is within half an ulp of `out` plus `2^-11 sum_j p_j |v_j|`
-//! (the f16 rounding of `p`, as in PyTorch's unfused chain, whose softmax
-//! output is f16) plus the effect of the f32 scores' rounding; the host
-//! op (`wavefuse::ops::window_attention`) states the bound.
+//! So `out` is a weighted mean of the `v_j` with weights that sum to one
+//! (up to the f32 sums' rounding): the f16 rounding of `p` (PyTorch's
+//! unfused chain rounds its probabilities to f16 too) moves it by at most
+//! about `2^-11 sum_j w_j |v_j - out|` (`w` the exact probabilities)
+//! rather than `2^-11 sum_j w_j |v_j|`; plus half an ulp and the effect of
+//! the f32 scores' rounding. Summed on the matrix unit, the row sums cost
+//! one matrix step per 16-key tile instead of the per-lane adds and the
+//! shuffles over a row's lanes (BENCHMARKS.md, sixteenth session). The
+//! host op (`wavefuse::ops::window_attention`) states the bound.
 //!
 //! The exact path ([`exact_strip`]): a 16-row strip whose row sum comes out
 //! NaN (a NaN or infinite score: an infinite or NaN bias, whose zero
@@ -74,9 +79,9 @@
 //! 16-byte pieces while the previous strip finished (read straight from
 //! L2 in the accumulator layout they kept L2 at 71% of its throughput and
 //! the kernel 13% slower on the H200: BENCHMARKS.md) and read as left
-//! operands; the row max and sum are reduced over the lanes of a row; the
+//! operands; the row max is reduced over the lanes of a row; the
 //! rounded weights are reused in registers as the left operand of `P V`
-//! ([`Mma::to_a`]). Nothing but q, k, v, the bias, the labels and the
+//! and of their row sums ([`Mma::to_a`]). Nothing but q, k, v, the bias, the labels and the
 //! output touches memory outside the workgroup.
 //!
 //! On NVIDIA the entry points carry launch bounds (`cargo xtask kernels`
@@ -457,49 +462,36 @@ unsafe fn strip_q<M: Mma>(l: Tiles, r0: usize) -> (M::A, M::A) {
     unsafe { (M::load_a(l.q, r0, 0), M::load_a(l.q, r0, 16)) }
 }
 
-/// The strip's weights from its scores in `s` (in place) and this lane's
-/// part of each row's sum: `e = 2^(fma(x, c, -max_x c))`, the sum of the
-/// lane's `e` (per tile a pairwise sum of its four weights, then a chain
-/// over the tiles: 9 dependent adds, not 36). The caller reduces it over
-/// the row ([`Mma::row_sum`]) after `P V`, whose matrix operations then
-/// hide the shuffles' latency.
+/// The strip's weights from its scores in `s` (in place): `e = 2^(fma(x,
+/// c, -max_x c))`, returned rounded to f16 as left operands for `P V`
+/// (their row sums are taken on the matrix unit with it:
+/// [`Mma::add_row_sums`]).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-fn softmax<M: Mma>(
-    s: &mut [M::Acc; STRIPS],
-    mx: [f32; MAX_ROWS],
-    c: f32,
-) -> ([M::A; STRIPS], [f32; MAX_ROWS]) {
+fn softmax<M: Mma>(s: &mut [M::Acc; STRIPS], mx: [f32; MAX_ROWS], c: f32) -> [M::A; STRIPS] {
     let mut neg_ml = [0.0f32; MAX_ROWS];
     for r in 0..M::ROWS {
         neg_ml[r] = -(M::row_max(mx[r]) * c);
     }
-    let mut sum = [0.0f32; MAX_ROWS];
     let mut p = [M::to_a(M::zero()); STRIPS];
     crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
         let acc = s[n].as_mut();
-        let mut et = [[0.0f32; 4]; MAX_ROWS];
         for e in 0..M::ACC_LEN {
             let r = M::acc_slot(e);
-            let x = gpu::exp2_approx(gpu::fma(acc[e], c, neg_ml[r]));
-            acc[e] = x;
-            // quad_pos numbers the lane's four elements of a row 0..4.
-            et[r][M::quad_pos(e)] = x;
-        }
-        for r in 0..M::ROWS {
-            sum[r] += (et[r][0] + et[r][1]) + (et[r][2] + et[r][3]);
+            acc[e] = gpu::exp2_approx(gpu::fma(acc[e], c, neg_ml[r]));
         }
         p[n] = M::to_a(s[n]);
     });
-    (p, sum)
+    p
 }
 
-/// Each row's `1 / sum` from the lanes' parts.
+/// Each row's `1 / sum` from the row sums of the rounded weights.
 #[inline(always)]
-fn inv_sums<M: Mma>(sum: [f32; MAX_ROWS]) -> [f32; MAX_ROWS] {
+fn inv_sums<M: Mma>(sums: M::Sums) -> [f32; MAX_ROWS] {
+    let sum = M::row_sums(sums);
     let mut inv = [0.0f32; MAX_ROWS];
     for r in 0..M::ROWS {
-        inv[r] = 1.0 / M::row_sum(sum[r]);
+        inv[r] = 1.0 / sum[r];
     }
     inv
 }
@@ -573,28 +565,23 @@ unsafe fn exact_strip<M: Mma, const MODE: u8>(
     for r in 0..M::ROWS {
         neg_ml[r] = -(M::row_max(mx[r]) * L2E);
     }
-    let mut sum = [0.0f32; MAX_ROWS];
-    let (mut o0, mut o1) = (M::zero(), M::zero());
+    let (mut o0, mut o1, mut sums) = (M::zero(), M::zero(), M::sums_zero());
     for n in 0..STRIPS {
         let mut s = z_of(n);
         let acc = s.as_mut();
         for e in 0..M::ACC_LEN {
             let r = M::acc_slot(e);
             acc[e] = gpu::exp2_approx(gpu::fma(acc[e], L2E, neg_ml[r]));
-            sum[r] += acc[e];
         }
         // SAFETY: the staged v tile (caller contract).
         let (v0, v1) = unsafe { (M::load_b(l.v, 16 * n, 0), M::load_b(l.v, 16 * n, 16)) };
         let p = M::to_a(s);
         o0 = M::mma(p, v0, o0);
         o1 = M::mma(p, v1, o1);
+        sums = M::add_row_sums(p, sums);
         gpu::sched_barrier();
     }
-    let mut inv = [0.0f32; MAX_ROWS];
-    for r in 0..M::ROWS {
-        inv[r] = 1.0 / M::row_sum(sum[r]);
-    }
-    (o0, o1, inv)
+    (o0, o1, inv_sums::<M>(sums))
 }
 
 /// Writes the strip's output rows `f16(o * inv)` (token `w * 144 + r0 +
@@ -713,22 +700,23 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             // SAFETY: as for the first strip.
             unsafe { prefetch_bias(l.bias, l.buf, strip + ATTN_WAVES as usize) };
         }
-        let (p, sum) = softmax::<M>(&mut s, mx, k.c);
+        let p = softmax::<M>(&mut s, mx, k.c);
         // Keeps the v reads here: hoisted above the softmax, they raised the
         // register peak past gfx90a's 128 VGPRs (and spilled).
         gpu::sched_barrier();
-        let (mut o0, mut o1) = (M::zero(), M::zero());
+        let (mut o0, mut o1, mut sums) = (M::zero(), M::zero(), M::sums_zero());
         crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
             // SAFETY: as for the k tiles.
             let (v0, v1) = unsafe { (M::load_b(l.v, 16 * n, 0), M::load_b(l.v, 16 * n, 16)) };
             o0 = M::mma(p[n], v0, o0);
             o1 = M::mma(p[n], v1, o1);
+            sums = M::add_row_sums(p[n], sums);
             // One tile's v reads at a time on AMD: gfx908 budgets 64 VGPRs
             // (its MFMA results live in AGPRs), and all nine tiles' reads
             // hoisted together spilled there.
             gpu::sched_barrier();
         });
-        let inv = inv_sums::<M>(sum);
+        let inv = inv_sums::<M>(sums);
         // A NaN sum: some score of the row was not finite; the strip is
         // done again the exact way after the others (module docs).
         let mut bad = false;

@@ -28,10 +28,11 @@
 //!   (for windows of up to 15 regions, and `scale` where `mask'` is a
 //!   finite f16: above about 2^-9.4; q is not pre-scaled);
 //! - `m = max a`, `e = exp(scale (a - m))` (the hardware `exp2` of
-//!   `fma(a, c, -m c)`, `c = f32(scale log2 e)`), `sum = sum e` in f32;
+//!   `fma(a, c, -m c)`, `c = f32(scale log2 e)`);
 //! - `p = f16(e)` (the unnormalised weights rounded once; PyTorch's
 //!   unfused chain rounds the normalised probabilities to f16 too), then
-//!   `o = p . v` in f32 on the matrix unit and `out = f16(o * (1 / sum))`.
+//!   `o = p . v` and `sum = sum p` (the rounded weights) in f32 on the
+//!   matrix unit, and `out = f16(o * (1 / sum))`.
 //!
 //! A 16-row strip with a NaN or infinite score (an infinite or NaN bias,
 //! NaN or infinite inputs) and every strip of a masked window with more
@@ -48,20 +49,27 @@
 //! backend:
 //!
 //! ```text
-//! |out - exact| <= ulp(exact) / 2 + ulp(M) + sum_j p_j |v_j| dz_j + M dz_max
-//!                  + 2^-24 sum_j |v_j| / sum_j e_j
+//! |out - exact| <= ulp(exact) / 2
+//!                  + (1 + 2^-10) (2^-11 sum_j p_j |v_j - exact|
+//!                                 + 2^-25 sum_j |v_j - exact| / sum_j e_j)
+//!                  + 2^-16 (M + |exact|) + sum_j p_j |v_j| dz_j + M dz_max
 //! ```
 //!
-//! where `ulp` is the f16 ulp, `p` the exact probabilities,
-//! `M = sum_j p_j |v_j|` (the rounding of `p` to f16 moves the weighted sum
-//! by up to `2^-11 M < ulp(M)`, as in PyTorch's unfused chain),
+//! where `ulp` is the f16 ulp, `p` the exact probabilities, `e_j` the
+//! exact weights (`p_j = e_j / sum e`, the largest 1), `M = sum_j p_j
+//! |v_j|`. The second term is the f16 rounding of the weights (at most
+//! `2^-11` relative, or `2^-25` absolute below f16's normal range): the
+//! output is their weighted mean, so a weight's rounding moves it by that
+//! weight's share of `v_j - out` (not of `v_j`: PyTorch's chain, which
+//! normalises before rounding, moves by up to `2^-11 M`); the sum of
+//! the rounded weights is at least `sum_j e_j / (1 + 2^-10)`. The third is
+//! the matrix unit's f32 sums of `p v` and `p` and the final product.
 //! `dz_j = 2^-17 (scale sum_d |q_d k_jd| + |bias_j|) + 2^-11 |mask_j| +
 //! 2^-22 (|bias_j| + |z_j|)` (the f32 scores: the matrix unit's
 //! accumulation of q . k and the bias, the mask's f16 form, then the
 //! roundings of the exponent's argument; an exponential moves by its
 //! argument's absolute error), `dz_max` the same for the row's maximum
-//! plus `2^-22 |max|`, and the last term the f16 underflow of tiny
-//! weights.
+//! plus `2^-22 |max|`.
 //!
 //! BENCHMARKS.md records the worst errors of the kernel, of SDPA and of
 //! PyTorch's unfused f16 chain against this bound on the H200.

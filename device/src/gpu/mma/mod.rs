@@ -249,6 +249,18 @@ pub trait Mma {
     /// exact in f32; the zeros off the diagonal make an infinite or NaN
     /// element of `x` NaN in its whole column of the result.
     fn add_scaled(x: Self::A, d: Self::D, c: Self::Acc) -> Self::Acc;
+    /// Row sums of left operands, accumulated by [`Mma::add_row_sums`].
+    type Sums: Copy;
+    /// Sums of zero.
+    fn sums_zero() -> Self::Sums;
+    /// `s` plus each row of `a`: `sum_k A[i][k]` added to row `i`'s sum,
+    /// one matrix step against a tile of ones (exact products, f32
+    /// accumulation in the hardware's order): one m16n8k16 on NVIDIA (half
+    /// a 16x16x16 step), one MFMA on AMD.
+    fn add_row_sums(a: Self::A, s: Self::Sums) -> Self::Sums;
+    /// The sums of this lane's rows (`[r]` for [`Mma::slot_row`]`(r)`, `r <
+    /// ROWS`); every lane of a row holds the same bits.
+    fn row_sums(s: Self::Sums) -> [f32; MAX_ROWS];
     /// `c + a * b`.
     fn mma(a: Self::A, b: Self::B, c: Self::Acc) -> Self::Acc;
     /// The accumulator rounded to f16 (nearest-even) as a left operand:

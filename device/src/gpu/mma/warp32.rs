@@ -121,6 +121,9 @@ impl Mma for Warp32 {
     type Acc = [f32; 8];
     /// m16n8k8's `b0` of `diag(d)`.
     type D = u32;
+    /// The C registers of one m16n8k16 against ones: `[c0, c1]` row `g`,
+    /// `[c2, c3]` row `g + 8` (every column of a row holds its sum).
+    type Sums = [f32; 4];
 
     #[inline(always)]
     fn zero() -> [f32; 8] {
@@ -246,6 +249,24 @@ impl Mma for Warp32 {
         let lo = imp::mma_m16n8k8([x[0], x[1]], d, [c[0], c[1], c[2], c[3]]);
         let hi = imp::mma_m16n8k8([x[2], x[3]], d, [c[4], c[5], c[6], c[7]]);
         [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+    }
+
+    #[inline(always)]
+    fn sums_zero() -> [f32; 4] {
+        [0.0; 4]
+    }
+
+    #[inline(always)]
+    fn add_row_sums(a: [u32; 4], s: [f32; 4]) -> [f32; 4] {
+        // B = ones (f16 1.0 in every half): C's eight columns each get
+        // the row's sum; one of them is kept.
+        const ONES: u32 = 0x3c00_3c00;
+        imp::mma_m16n8k16(a, [ONES, ONES], s)
+    }
+
+    #[inline(always)]
+    fn row_sums(s: [f32; 4]) -> [f32; 2] {
+        [s[0], s[2]]
     }
 
     #[inline(always)]

@@ -53,6 +53,9 @@ impl Mma for Wave64 {
     type Acc = [f32; 4];
     /// `diag(d)` as a right operand.
     type D = [u32; 2];
+    /// An accumulator against ones: every element of lane `l` is row `l %
+    /// 16`'s sum.
+    type Sums = [f32; 4];
 
     #[inline(always)]
     fn zero() -> [f32; 4] {
@@ -161,6 +164,22 @@ impl Mma for Wave64 {
     #[inline(always)]
     fn add_scaled(x: [u32; 2], d: [u32; 2], c: [f32; 4]) -> [f32; 4] {
         Self::mma(x, d, c)
+    }
+
+    #[inline(always)]
+    fn sums_zero() -> [f32; 4] {
+        [0.0; 4]
+    }
+
+    #[inline(always)]
+    fn add_row_sums(a: [u32; 2], s: [f32; 4]) -> [f32; 4] {
+        const ONES: u32 = 0x3c00_3c00;
+        Self::mma(a, [ONES, ONES], s)
+    }
+
+    #[inline(always)]
+    fn row_sums(s: [f32; 4]) -> [f32; 2] {
+        [s[0], s[0]]
     }
 
     #[inline(always)]
