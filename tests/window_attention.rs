@@ -51,7 +51,7 @@ struct Case {
 }
 
 /// Labels of `n` slots: each slot cut into 1 to 8 regions (one in four
-/// into 16 to 27, more than the kernel's one-hot columns), every token in
+/// into 9 to 27, more than the kernel's one-hot columns), every token in
 /// a random one, labels spread over 0..144 (slot 0 a single region, like
 /// Pangu's inner windows).
 fn labels(rng: &mut Rng, n: usize) -> Vec<i32> {
@@ -59,7 +59,7 @@ fn labels(rng: &mut Rng, n: usize) -> Vec<i32> {
     for slot in 0..n {
         let regions = match slot {
             0 => 1,
-            _ if rng.below(4) == 0 => 16 + rng.below(12),
+            _ if rng.below(4) == 0 => 9 + rng.below(19),
             _ => 1 + rng.below(8),
         };
         l.extend((0..T).map(|_| 5 * rng.below(regions) as i32));

@@ -324,6 +324,9 @@ enum Form {
     Scaled,
     /// `A' * B` with `A'` built by `a_of` from `A`'s elements.
     AOf,
+    /// `0.5 + A[.., 0..8] * B[0..8, ..]`: `mma8` of `a8_of` and
+    /// `load_b8_t` (of `B^T`) onto `splat(0.5)`.
+    K8,
 }
 
 struct Facade {
@@ -355,7 +358,7 @@ impl MatrixKernel for Facade {
                         let at = |r: usize| m.add(swizzled(self.sw, r, C0 + k));
                         at(i).write((*a.add(i * 16 + k)).to_bits());
                         let bt = match self.form {
-                            Form::Nt | Form::QuadsNt => *b.add(k * 16 + i),
+                            Form::Nt | Form::QuadsNt | Form::K8 => *b.add(k * 16 + i),
                             _ => *b.add(i * 16 + k),
                         };
                         at(16 + i).write(bt.to_bits());
@@ -392,6 +395,14 @@ impl MatrixKernel for Facade {
                     let af = M::a_of(|i, k| self_a(&self, i, k).to_bits());
                     M::mma(af, M::load_b(t, 16, C0), M::zero())
                 }
+                Form::K8 => {
+                    assert!(M::LANES == 32 || M::LANES == 64);
+                    let a8 = M::a8_of(|i, k| {
+                        assert!(k < 8, "a8_of asked for k = {k}");
+                        self_a(&self, i, k).to_bits()
+                    });
+                    M::mma8(a8, M::load_b8_t(t, 16, C0), M::splat(0.5))
+                }
             }
         };
         let quads = matches!(self.form, Form::QuadsNt);
@@ -424,6 +435,16 @@ fn facade_product(wave: u32, form: Form, sw: Swizzle, seed: u64) -> (Vec<f32>, V
             .zip(&a)
             .map(|(p, x)| p + 2.5 * x.to_f32())
             .collect(),
+        Form::K8 => {
+            let (a8, b8): (Vec<f16>, Vec<f16>) = (
+                (0..16 * 8).map(|x| a[(x / 8) * 16 + x % 8]).collect(),
+                b[..8 * 16].to_vec(),
+            );
+            product_kn(&a8, &b8, 8, 16)
+                .iter()
+                .map(|p| p + 0.5)
+                .collect()
+        }
         _ => product(&a, &b, 16),
     };
     let mut out = vec![f32::NAN; 256];
@@ -456,6 +477,7 @@ fn facade_products_match_in_both_wave_modes() {
             (Form::QuadsReuse, "quads reuse"),
             (Form::Scaled, "scaled"),
             (Form::AOf, "a_of"),
+            (Form::K8, "k8"),
         ] {
             // The quad-order loads read unswizzled tiles only.
             let quads = matches!(form, Form::QuadsNt | Form::QuadsReuse);

@@ -38,14 +38,14 @@ pub const ATTN_HEAD_DIM: u32 = 32;
 /// a shifted window (Swin's and Pangu's `-100`, not `-inf`).
 pub const ATTN_MASK_NEG: f32 = -100.0;
 /// Window attention: the most regions of a window whose mask the kernel
-/// adds on the matrix unit (one-hot rows of 16 columns, one of them the
-/// constant term; Pangu's 3D shifted windows have up to 8 regions, Swin's
-/// 2D ones 4); windows with more take the kernel's exact path.
-pub const ATTN_ONEHOT_REGIONS: u32 = 15;
+/// adds on the matrix unit (one-hot rows of 8 columns, a 16x16x8 step;
+/// Pangu's 3D shifted windows have up to 8 regions, Swin's 2D ones 4);
+/// windows with more take the kernel's exact path.
+pub const ATTN_ONEHOT_REGIONS: u32 = 8;
 /// Window attention: row stride of the one-hot key tile in workgroup
-/// memory (halves): 16 + 8 of padding, so the eight 16-byte rows one
-/// `ldmatrix` phase reads (48 bytes apart) fall in distinct bank groups.
-pub const ATTN_ONEHOT_STRIDE: u32 = 24;
+/// memory (halves): dense 16-byte rows, so the eight rows one `ldmatrix`
+/// phase reads are 128 contiguous bytes (every bank once).
+pub const ATTN_ONEHOT_STRIDE: u32 = 8;
 /// Window attention: the smallest `scale` with a kernel (2^-14): the
 /// kernel multiplies the bias by `1 / scale` on the matrix unit as two f16
 /// parts, which need `1 / scale` within f16's range.
@@ -74,7 +74,7 @@ pub const ATTN_LABEL_OFFSET: u32 =
     3 * ATTN_T * ATTN_LDS_STRIDE * 2 + ATTN_WAVES * 16 * ATTN_BIAS_STRIDE * 2;
 /// Window attention: workgroup memory per workgroup (bytes): the q, k and
 /// v tiles of one window and head, each wave's bias strip buffer, the
-/// window's labels, its one-hot key tile. 56,640 bytes: within gfx9's 64
+/// window's labels, its one-hot key tile. 52,032 bytes: within gfx9's 64
 /// KiB; above the 48 KiB an NVIDIA launch takes without an opt-in (the
 /// host sets the kernel's limit to this when it loads the module); four
 /// workgroups per SM on sm_90 (228 KiB, 1 KiB reserved per workgroup).

@@ -162,6 +162,23 @@ pub unsafe fn ldmatrix_x4(p: *const u16) -> [u32; 4] {
     r
 }
 
+/// `ldmatrix.sync.aligned.m8n8.x2.shared.b16`, emulated (wave32 only):
+/// [`ldmatrix_x4`]'s first two matrices (lanes 0..16 give the rows).
+#[inline(always)]
+pub unsafe fn ldmatrix_x2(p: *const u16) -> [u32; 2] {
+    if wave_size() != 32 {
+        trap();
+    }
+    let l = thread_id() % 32;
+    let mut r = [0u32; 2];
+    for (j, r) in r.iter_mut().enumerate() {
+        let row = addr_of(p, 8 * j as u32 + l / 4);
+        // SAFETY: the giving lane's row is readable (caller contract).
+        *r = unsafe { row.add(2 * (l % 4) as usize).cast::<u32>().read_unaligned() };
+    }
+    r
+}
+
 /// `ldmatrix...x4.trans`, emulated: register `j` of lane `l` holds
 /// element `l / 4` of rows `2 (l % 4)` and `2 (l % 4) + 1` of matrix `j`.
 #[inline(always)]

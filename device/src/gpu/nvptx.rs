@@ -338,6 +338,25 @@ macro_rules! ldmatrix {
         }
     };
 }
+/// `ldmatrix.sync.aligned.m8n8.x2.shared.b16`: lanes 0..16 give the rows
+/// of two 8x8 matrices (lanes 16.. are not read).
+#[inline(always)]
+pub unsafe fn ldmatrix_x2(p: *const u16) -> [u32; 2] {
+    let (r0, r1): (u32, u32);
+    // SAFETY: caller contract (workgroup memory, 16-byte aligned rows, the
+    // whole warp); the asm reads only workgroup memory.
+    unsafe {
+        core::arch::asm!(
+            "ldmatrix.sync.aligned.m8n8.x2.shared.b16 {{{r0}, {r1}}}, [{a}];",
+            a = in(reg32) shared_addr(p),
+            r0 = out(reg32) r0,
+            r1 = out(reg32) r1,
+            options(readonly, nostack, preserves_flags)
+        )
+    };
+    [r0, r1]
+}
+
 ldmatrix!(
     ldmatrix_x4,
     ldmatrix_x4_x,

@@ -23,8 +23,9 @@
 //!   m_ij + dh bias_ij + dl bias_ij + sum_d q_d k_d` ([`Mma::add_scaled`]:
 //!   the bias times a diagonal, no per-element conversion or `fma`), with
 //!   the mask `m_ij` exactly 0 within a region and `mh = f16(-100 /
-//!   scale)` across it (one-hot region rows times one-hot key rows on the
-//!   matrix unit, [`ONEHOT`], for windows of up to
+//!   scale)` across it (`mh` plus one-hot region rows times one-hot key
+//!   rows, `-mh` where the regions agree, a 16x16x8 step on the matrix
+//!   unit, [`ONEHOT`], for windows of up to
 //!   [`ATTN_ONEHOT_REGIONS`] regions where `mh` is finite, `scale` above
 //!   about 2^-9.4; none for a window of one region), so
 //!   `scale a` is `z = scale s + bias + mask` up to the accumulation's
@@ -100,8 +101,8 @@ const D: usize = ATTN_HEAD_DIM as usize;
 const LS: usize = ATTN_LDS_STRIDE as usize;
 const BS: usize = ATTN_BIAS_STRIDE as usize;
 const OS: usize = ATTN_ONEHOT_STRIDE as usize;
-/// The one-hot column that holds the mask's constant term.
-const ONE: u32 = ATTN_ONEHOT_REGIONS;
+/// One-hot columns: a window's regions, when the matrix unit adds its mask.
+const REGIONS: u32 = ATTN_ONEHOT_REGIONS;
 /// 16-row query strips (and 16-key tiles) per window.
 const STRIPS: usize = T / 16;
 /// 16-byte vectors of q, k and v per thread: 18 for three warps of 32 (9
@@ -299,7 +300,7 @@ fn mask_mode(lab: *const i32) -> u8 {
         // SAFETY: as above.
         let l = unsafe { lab.add(t as usize).read() };
         differ |= u32::from(l != l0);
-        above |= u32::from(!(0..ONE as i32).contains(&l));
+        above |= u32::from(!(0..REGIONS as i32).contains(&l));
         t += ws;
     }
     let mut m = 1;
@@ -318,30 +319,28 @@ fn mask_mode(lab: *const i32) -> u8 {
 }
 
 /// Writes the window's one-hot key tile: row `j` holds 1 in column
-/// `labels[j]` and in column [`ONE`] (the mask's constant term), 0
-/// elsewhere. Every thread of the workgroup calls it; a barrier follows.
+/// `labels[j]`, 0 elsewhere. Every thread of the workgroup calls it; a
+/// barrier follows.
 ///
 /// # Safety
-/// `lab` the window's labels, each in `0..ONE`; `oh` 144 rows of [`OS`]
+/// `lab` the window's labels, each in `0..REGIONS`; `oh` 144 rows of [`OS`]
 /// halves of workgroup memory, 16-byte aligned.
 #[inline(always)]
 unsafe fn write_onehot(lab: *const i32, oh: *mut u16) {
     const H1: u32 = 0x3c00;
+    const _: () = assert!(REGIONS == 8 && OS >= 8);
     let threads = (ATTN_WAVES * gpu::wave_size()) as usize;
     let mut j = gpu::thread_id() as usize;
     while j < T {
         // SAFETY: label j of the window.
         let l = unsafe { lab.add(j).read() } as u32;
-        let mut w = [0u32; 8];
+        let mut w = [0u32; 4];
         for (x, w) in w.iter_mut().enumerate() {
-            let h = |c: u32| if c == l || c == ONE { H1 } else { 0 };
+            let h = |c: u32| if c == l { H1 } else { 0 };
             *w = h(2 * x as u32) | (h(2 * x as u32 + 1) << 16);
         }
-        // SAFETY: row j of the tile, two 16-byte pieces.
-        unsafe {
-            store8_bits(oh.add(j * OS), V8([w[0], w[1], w[2], w[3]]));
-            store8_bits(oh.add(j * OS + 8), V8([w[4], w[5], w[6], w[7]]));
-        }
+        // SAFETY: row j of the tile, one 16-byte piece.
+        unsafe { store8_bits(oh.add(j * OS), V8(w)) };
         j += threads;
     }
 }
@@ -420,8 +419,8 @@ struct Scale<M: Mma> {
     dhi: M::D,
     dlo: M::D,
     c: f32,
-    /// The mask value in units of `1 / scale`, as f16 bits (the one-hot
-    /// product's constant term).
+    /// The mask value in units of `1 / scale`, as f16 bits (where the
+    /// one-hot product starts).
     mh: u16,
 }
 
@@ -640,23 +639,17 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
         // diagonals, then q . k, on the matrix unit; the mask added; the
         // max of each of the lane's rows (one chain).
         // The one-hot rows of the strip's queries: `-mh` in the column of
-        // the row's region, `mh` in the constant column, so that the
-        // product with the keys' one-hot rows is exactly 0 within a region
-        // and `mh` across.
-        let aoh = if MODE == ONEHOT {
-            M::a_of(|i, c| {
+        // the row's region, so that their product with the keys' one-hot
+        // rows, added to `mh`, is exactly 0 within a region and `mh` across.
+        let (aoh, mh) = if MODE == ONEHOT {
+            let a = M::a8_of(|i, c| {
                 // SAFETY: row r0 + i < 144 of the labels.
                 let li = unsafe { l.labels.add(r0 + i as usize).read() } as u32;
-                if c == ONE {
-                    k.mh
-                } else if c == li {
-                    k.mh ^ 0x8000
-                } else {
-                    0
-                }
-            })
+                if c == li { k.mh ^ 0x8000 } else { 0 }
+            });
+            (a, M::splat(gpu::h2f(k.mh)))
         } else {
-            M::to_a(M::zero())
+            (M::a8_of(|_, _| 0), M::zero())
         };
         let mut s = [M::zero(); STRIPS];
         let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
@@ -674,8 +667,8 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             // starts from it.
             let acc = if MODE == ONEHOT {
                 // SAFETY: rows 16n..16n + 16 of the one-hot key tile.
-                let koh = unsafe { M::load_b_t(l.onehot, 16 * n, 0) };
-                M::mma(aoh, koh, M::zero())
+                let koh = unsafe { M::load_b8_t(l.onehot, 16 * n, 0) };
+                M::mma8(aoh, koh, mh)
             } else {
                 M::zero()
             };
@@ -814,7 +807,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         match mode {
             NO_MASK => strips::<M, NO_MASK>(&a, l, wave, w, h),
             ONEHOT => {
-                // SAFETY: the labels are in 0..ONE (mask_mode); the tile
+                // SAFETY: the labels are in 0..REGIONS (mask_mode); the tile
                 // is the workgroup's. The mode is the workgroup's, so every
                 // thread reaches the barrier.
                 unsafe { write_onehot(lab, oh) };

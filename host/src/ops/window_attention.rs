@@ -25,7 +25,7 @@
 //!   bias (dh + dl) + q . k`, with `dh = f16(1 / scale)`, `dl = f16(1 /
 //!   scale - dh)` (`dh + dl` within `2^-22` of `1 / scale`) and the mask
 //!   as `mask' = f16(-100 / scale)` across regions, exactly 0 within one
-//!   (for windows of up to 15 regions, and `scale` where `mask'` is a
+//!   (for windows of up to 8 regions, and `scale` where `mask'` is a
 //!   finite f16: above about 2^-9.4; q is not pre-scaled);
 //! - `m = max a`, `e = exp(scale (a - m))` (the hardware `exp2` of
 //!   `fma(a, c, -m c)`, `c = f32(scale log2 e)`);
@@ -36,7 +36,7 @@
 //!
 //! A 16-row strip with a NaN or infinite score (an infinite or NaN bias,
 //! NaN or infinite inputs) and every strip of a masked window with more
-//! than 15 regions, or at a smaller scale, is computed the exact way
+//! than 8 regions, or at a smaller scale, is computed the exact way
 //! instead: `z = fma(q . k, scale,
 //! bias) + mask` per element in f32 (-100 exactly), then as above with
 //! `z` for `scale a`. So a row whose scores hold NaN or +inf, or are all

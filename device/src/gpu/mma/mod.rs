@@ -261,6 +261,26 @@ pub trait Mma {
     /// The sums of this lane's rows (`[r]` for [`Mma::slot_row`]`(r)`, `r <
     /// ROWS`); every lane of a row holds the same bits.
     fn row_sums(s: Self::Sums) -> [f32; MAX_ROWS];
+    /// Left operand of a 16x16x8 step (16 output rows x 8 of k).
+    type A8: Copy;
+    /// Right operand of a 16x16x8 step (8 of k x 16 output columns).
+    type B8: Copy;
+    /// A 16x16x8 left operand from its elements: `A[i][k] = f(i, k)` (f16
+    /// bits, `k < 8`), `f` called for this lane's elements only.
+    fn a8_of(f: impl Fn(u32, u32) -> u16) -> Self::A8;
+    /// A 16x16x8 right operand from a tile stored by output column:
+    /// `B[k][j] = t[row0 + j][col0 + k]`, `k < 8` (one 16-byte chunk of 16
+    /// rows).
+    ///
+    /// # Safety
+    /// As for [`Mma::load_a`], for 16 rows of 8 halves.
+    unsafe fn load_b8_t(t: Tile, row0: usize, col0: usize) -> Self::B8;
+    /// `c + a * b` over eight of k: two m16n8k8 on NVIDIA (half the matrix
+    /// work of a 16x16x16 step, operands from one `ldmatrix.x2`), one MFMA
+    /// with k 8..16 zero on AMD.
+    fn mma8(a: Self::A8, b: Self::B8, c: Self::Acc) -> Self::Acc;
+    /// An accumulator with every element `x`.
+    fn splat(x: f32) -> Self::Acc;
     /// `c + a * b`.
     fn mma(a: Self::A, b: Self::B, c: Self::Acc) -> Self::Acc;
     /// The accumulator rounded to f16 (nearest-even) as a left operand:

@@ -124,6 +124,10 @@ impl Mma for Warp32 {
     /// The C registers of one m16n8k16 against ones: `[c0, c1]` row `g`,
     /// `[c2, c3]` row `g + 8` (every column of a row holds its sum).
     type Sums = [f32; 4];
+    /// m16n8k8's `[a0, a1]`: `(g, 2t..2t+1)`, `(g + 8, 2t..)`.
+    type A8 = [u32; 2];
+    /// m16n8k8's `b0` (`B[2t..2t+1][8h + g]`) of each 8-column half `h`.
+    type B8 = [u32; 2];
 
     #[inline(always)]
     fn zero() -> [f32; 8] {
@@ -267,6 +271,36 @@ impl Mma for Warp32 {
     #[inline(always)]
     fn row_sums(s: [f32; 4]) -> [f32; 2] {
         [s[0], s[2]]
+    }
+
+    #[inline(always)]
+    fn a8_of(f: impl Fn(u32, u32) -> u16) -> [u32; 2] {
+        let (g, t) = (lane() / 4, lane() % 4);
+        let w = |i: u32, k: u32| u32::from(f(i, k)) | (u32::from(f(i, k + 1)) << 16);
+        [w(g, 2 * t), w(g + 8, 2 * t)]
+    }
+
+    #[inline(always)]
+    unsafe fn load_b8_t(t: Tile, row0: usize, col0: usize) -> [u32; 2] {
+        // Matrix h is tile rows 8h..8h + 8 (B's columns), 8 columns (k),
+        // non-transposed: register h is half h's b0. Lanes 0..16 address
+        // the rows.
+        let l = lane();
+        let a = t.at_rel(row0, 8 * ((l / 8) & 1) + l % 8, col0);
+        // SAFETY: caller contract.
+        unsafe { imp::ldmatrix_x2(a) }
+    }
+
+    #[inline(always)]
+    fn mma8(a: [u32; 2], b: [u32; 2], c: [f32; 8]) -> [f32; 8] {
+        let lo = imp::mma_m16n8k8(a, b[0], [c[0], c[1], c[2], c[3]]);
+        let hi = imp::mma_m16n8k8(a, b[1], [c[4], c[5], c[6], c[7]]);
+        [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+    }
+
+    #[inline(always)]
+    fn splat(x: f32) -> [f32; 8] {
+        [x; 8]
     }
 
     #[inline(always)]

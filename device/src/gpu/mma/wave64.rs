@@ -56,6 +56,10 @@ impl Mma for Wave64 {
     /// An accumulator against ones: every element of lane `l` is row `l %
     /// 16`'s sum.
     type Sums = [f32; 4];
+    /// An [`Mma::A`] whose halves at k 8..16 (lanes 32..64) are zero.
+    type A8 = [u32; 2];
+    /// An [`Mma::B`] whose halves at k 8..16 (lanes 32..64) are zero.
+    type B8 = [u32; 2];
 
     #[inline(always)]
     fn zero() -> [f32; 4] {
@@ -180,6 +184,33 @@ impl Mma for Wave64 {
     #[inline(always)]
     fn row_sums(s: [f32; 4]) -> [f32; 2] {
         [s[0], s[0]]
+    }
+
+    #[inline(always)]
+    fn a8_of(f: impl Fn(u32, u32) -> u16) -> [u32; 2] {
+        Self::a_of(|i, k| if k < 8 { f(i, k) } else { 0 })
+    }
+
+    #[inline(always)]
+    unsafe fn load_b8_t(t: Tile, row0: usize, col0: usize) -> [u32; 2] {
+        let l = lane();
+        if l < 32 {
+            // SAFETY: row l % 16, halves 4q..4q + 4 of the tile's 8 columns
+            // (caller contract).
+            unsafe { read4(t.at_rel(row0, l % 16, col0 + 4 * (l / 16) as usize)) }
+        } else {
+            [0, 0]
+        }
+    }
+
+    #[inline(always)]
+    fn mma8(a: [u32; 2], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        Self::mma(a, b, c)
+    }
+
+    #[inline(always)]
+    fn splat(x: f32) -> [f32; 4] {
+        [x; 4]
     }
 
     #[inline(always)]
