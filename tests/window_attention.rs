@@ -6,8 +6,9 @@
 //! inputs as the kernel sees them (q, k, v rounded `f16(x + b)` when a QKV
 //! bias is given; the bias as f16; the mask in its tile form,
 //! `RegionLabels::mask_tile` of the labels), held to the contract's bound
-//! (about half an ulp of the output plus an ulp of `M = sum_j p_j |v_j|`,
-//! plus terms for the f32 scores; see `wavefuse::ops::window_attention`).
+//! (about half an ulp of the output plus `2^-11 sum_j p_j |v_j - out|`
+//! for the weights' f16 rounding, plus terms for the f32 sums and scores;
+//! see `wavefuse::ops::window_attention`).
 //! Broken kernels this suite was seen to reject (each swapped in once, in
 //! the emulator): a bias row off by one, the bias buffer fetched for the
 //! wrong strip or overwritten before every lane read it (wave barrier
@@ -19,7 +20,11 @@
 //! non-finite score skipped, the one-hot rows' sign in the row's own
 //! region flipped, the mask mode stuck at "no mask"; since the NVIDIA
 //! tiles became dense with swizzled chunks (thirteenth session): the
-//! loads' swizzle term dropped while the copies keep it (wave32). Not
+//! loads' swizzle term dropped while the copies keep it (wave32); since
+//! the row sums moved onto the matrix unit and the mask became a
+//! 16x16x8 step (sixteenth session): the normalisation off by `1 +
+//! 2^-11`, the one-hot sign unflipped, the one-hot key operand's rows
+//! (wave32) or upper lanes (wave64) wrong. Not
 //! caught here: the
 //! wave barrier between the copy wait and the buffer reads (the
 //! emulator's copies are synchronous); that is racecheck's. Rows with NaN
