@@ -11,7 +11,8 @@
 //! emulator runs each vendor's fragment layout on the same kernel source.
 //!
 //! The unit of work is a 16x16x16 step `C += A * B` on f16 operands with
-//! an f32 accumulator. Fragments are opaque per-lane registers whose
+//! an f32 accumulator (also a 16x16x8 one, [`Mma::mma8`], and the row sums
+//! of a left operand against a tile of ones, [`Mma::add_row_sums`]). Fragments are opaque per-lane registers whose
 //! layout the target defines; kernels reach elements only through the
 //! accumulator's coordinates ([`Mma::acc_row`], [`Mma::acc_col`]), load
 //! operands from row-major f16 tiles in workgroup memory, reduce over the
