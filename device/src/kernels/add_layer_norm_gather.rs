@@ -2,10 +2,10 @@
 //! `x = x + attn(...)`, `norm2`, window partition) in one pass:
 //! `residual[s] = f16(residual[s] + branch[s])` for every source token `s`,
 //! and `out[t] = idx[t] >= 0 ? LayerNorm(residual[idx[t]]) : 0`, the
-//! LayerNorm reading the ROUNDED sum (see [`super::add_layer_norm`]).
+//! LayerNorm reading the ROUNDED sum (see [`super::add_layer_norm()`]).
 //!
 //! Layout: [`wavefuse_shared::RowLayout::for_width`] over OUTPUT rows, the
-//! layout of [`super::layer_norm_gather`]: the same reduction order, so the
+//! layout of [`super::layer_norm_gather()`]: the same reduction order, so the
 //! fused path gives the same bits as `add_layer_norm` followed by
 //! `layer_norm_gather` (16 lanes x 2 at width 192 and 32 x 2 at 384 were
 //! faster on the H200, at the price of that identity: BENCHMARKS.md).

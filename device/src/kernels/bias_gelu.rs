@@ -1,4 +1,4 @@
-//! `y = gelu(x + bias)`: f16 `x` [rows, cols], f16 or bf16 `bias` [cols],
+//! `y = gelu(x + bias)`: f16 `x` \[rows, cols\], f16 or bf16 `bias` \[cols\],
 //! f16 `y`; exact (erf) or tanh GELU from [`crate::math`]
 //! ([`crate::math::gelu_erf_fast`] / [`crate::math::gelu_tanh_fast`]: one
 //! hardware `exp2` and one reciprocal per element, so the kernel stays

@@ -2,7 +2,7 @@
 //! axis of attention scores [windows, heads, 144, 144] (f16 in, f16 out).
 //!
 //! Numerics: `z = (f32(S) + f32(mask)) + f32(bias)` in f32 (as
-//! [`super::bias_mask_add`], never rounded to f16), `m = max z` (f32),
+//! [`super::bias_mask_add()`], never rounded to f16), `m = max z` (f32),
 //! `e = exp(z - m)` ([`crate::math::exp_hw`]: the hardware `exp2`, one
 //! instruction), `sum = sum e` in f32 (per lane over its 24 elements in
 //! four chains, then over the lanes of the row in one fixed order, so every

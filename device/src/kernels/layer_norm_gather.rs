@@ -1,7 +1,7 @@
 //! LayerNorm fused with a token gather (e.g. a window partition):
 //! `out[t] = idx[t] >= 0 ? LayerNorm(src[idx[t]]) : 0`, in one pass with no
 //! normalised intermediate. Numerics are exactly those of
-//! [`super::layer_norm`] ([`super::ln_stats`]: exact row sum, two-float
+//! [`super::layer_norm()`] ([`super::ln_stats`]: exact row sum, two-float
 //! mean, f32 deviations and variance, output rounded once).
 //!
 //! Layout: [`wavefuse_shared::RowLayout`] over OUTPUT rows. A padding row

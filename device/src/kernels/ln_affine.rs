@@ -254,7 +254,7 @@ pub fn compact_flags(d: [u32; 4]) -> u32 {
 
 /// [`compact_flags`] of the steps, shifted and ORed, as one bit per output
 /// at `8 k + i` (step `k`, half `i`: the layout [`refine`] reads,
-/// [`offset_of`]).
+/// `offset_of`).
 #[inline(always)]
 pub fn expand_flags(mut c: u32) -> u32 {
     let mut bits = 0u32;

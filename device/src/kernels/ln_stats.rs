@@ -192,7 +192,7 @@ pub fn mean_of<const W: usize>(sum: f64) -> Mean {
 /// Replaces the lane's row values `x` by `t = x - hi`, their offsets
 /// from the f32 part of the mean, and steps outside the row ([`in_row`])
 /// by zeros (a select, not a branch). The deviations are `t - lo`; the
-/// variance ([`rstd_of`]) and the output ([`Stats::shift`]) take `lo` into
+/// variance (`rstd_of`) and the output ([`Stats::shift`]) take `lo` into
 /// account without a second subtraction per element.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]

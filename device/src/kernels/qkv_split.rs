@@ -3,7 +3,7 @@
 //! [windows, heads, T, 32] contiguous, with q scaled.
 //!
 //! Rounding: without bias `q = f16(f32(x) * scale)` (one rounding), k and v
-//! are bit copies. With the fused bias (f16 [3C]) `k = f16(x + b)`,
+//! are bit copies. With the fused bias (f16 \[3C\]) `k = f16(x + b)`,
 //! `v = f16(x + b)`, `q = f16(f16(x + b) * scale)`: the bias add rounds to
 //! f16 before the scale, as PyTorch's `(x @ W.T + b)` f16 output does before
 //! `q * scale`.

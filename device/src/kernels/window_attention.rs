@@ -4,7 +4,7 @@
 //!
 //! Input: the QKV Linear's output [windows * 144, 3C] f16 (per token
 //! `[q(C) | k(C) | v(C)]`, C = heads x 32 head-major, as
-//! [`super::qkv_split`] reads it), optionally plus an f16 QKV bias [3C]
+//! [`super::qkv_split()`] reads it), optionally plus an f16 QKV bias \[3C\]
 //! added first (`f16(x + b)`, rounded, as PyTorch's f16 Linear output).
 //! Output: [windows * 144, C] f16 in token order, head-major (what the
 //! output projection reads).
@@ -25,7 +25,7 @@
 //!   the mask `m_ij` exactly 0 within a region and `mh = f16(-100 /
 //!   scale)` across it (`mh` plus one-hot region rows times one-hot key
 //!   rows, `-mh` where the regions agree, a 16x16x8 step on the matrix
-//!   unit, [`ONEHOT`], for windows of up to
+//!   unit, `ONEHOT`, for windows of up to
 //!   [`ATTN_ONEHOT_REGIONS`] regions where `mh` is finite, `scale` above
 //!   about 2^-9.4; none for a window of one region), so
 //!   `scale a` is `z = scale s + bias + mask` up to the accumulation's
@@ -50,7 +50,7 @@
 //! shuffles over a row's lanes (BENCHMARKS.md, sixteenth session). The
 //! host op (`wavefuse::ops::window_attention`) states the bound.
 //!
-//! The exact path ([`exact_strip`]): a 16-row strip whose row sum comes out
+//! The exact path (`exact_strip`): a 16-row strip whose row sum comes out
 //! NaN (a NaN or infinite score: an infinite or NaN bias, whose zero
 //! products on the matrix unit spread NaN along its row of the tile, or
 //! NaN / infinite inputs) is computed again after the wave's other strips,
@@ -68,7 +68,7 @@
 //! and the window's 144 labels are copied to workgroup memory in 16-byte
 //! pieces ([`gpu::copy_to_workgroup`]: `cp.async` on NVIDIA, so no
 //! registers hold them in flight; each eight threads fill 128 contiguous
-//! bytes; a QKV bias is then added in place, [`add_qkv_bias`]), in the
+//! bytes; a QKV bias is then added in place, `add_qkv_bias`), in the
 //! target's `Layout` (NVIDIA: dense rows with swizzled
 //! 16-byte chunks; AMD: rows padded to [`ATTN_LDS_STRIDE`]); a masked
 //! window of up to [`ATTN_ONEHOT_REGIONS`] regions writes its one-hot key

@@ -9,7 +9,7 @@
 //! - no bias: `q = f16(f32(x) * scale)` (one rounding, as PyTorch's
 //!   `q * scale` on an f16 tensor with a Python float computes in f32);
 //!   `k` and `v` are bit copies.
-//! - fused bias `b` [3C] f16: `k = f16(x + b)`, `v = f16(x + b)`,
+//! - fused bias `b` \[3C\] f16: `k = f16(x + b)`, `v = f16(x + b)`,
 //!   `q = f16(f16(x + b) * scale)`: the bias add rounds to f16 before the
 //!   scale, exactly like PyTorch's unfused `F.linear(x, W) + b` followed by
 //!   `q * scale`. (A Linear with its bias fused in the GEMM epilogue rounds

@@ -7,7 +7,7 @@
 //!
 //! Shapes: `qkv` [windows * 144, 3C] f16, per token `[q(C) | k(C) | v(C)]`
 //! with C = heads x 32 head-major (PyTorch's
-//! `qkv.reshape(B_, 144, 3, heads, 32)`); optional `qkv_bias` [3C] f16;
+//! `qkv.reshape(B_, 144, 3, heads, 32)`); optional `qkv_bias` \[3C\] f16;
 //! the earth-specific bias [types, heads, 144, 144] f16 with its window ->
 //! type table and the optional shift mask as region labels with its
 //! window -> slot table ([`WindowBias`], [`RegionMask`]: the mask is 0
