@@ -144,16 +144,17 @@ fn addr_of(p: *const u16, lane: u32) -> *const u16 {
     (u64::from(lo) | (u64::from(hi) << 32)) as usize as *const u16
 }
 
-/// `ldmatrix.sync.aligned.m8n8.x4.shared.b16`, emulated (wave32 only):
-/// lane `l` gives the address of row `l % 8` of matrix `l / 8` and gets,
-/// in register `j`, halves `2 (l % 4)..` of row `l / 4` of matrix `j`.
+/// `ldmatrix.sync.aligned.m8n8.xN.shared.b16`, emulated (wave32 only):
+/// lane `l` gives the address of row `l % 8` of matrix `l / 8` (`l < 8N`)
+/// and gets, in register `j`, halves `2 (l % 4)..` of row `l / 4` of
+/// matrix `j`.
 #[inline(always)]
-pub unsafe fn ldmatrix_x4(p: *const u16) -> [u32; 4] {
+unsafe fn ldmatrix_n<const N: usize>(p: *const u16) -> [u32; N] {
     if wave_size() != 32 {
         trap();
     }
     let l = thread_id() % 32;
-    let mut r = [0u32; 4];
+    let mut r = [0u32; N];
     for (j, r) in r.iter_mut().enumerate() {
         let row = addr_of(p, 8 * j as u32 + l / 4);
         // SAFETY: the giving lane's row is readable (caller contract).
@@ -162,21 +163,19 @@ pub unsafe fn ldmatrix_x4(p: *const u16) -> [u32; 4] {
     r
 }
 
-/// `ldmatrix.sync.aligned.m8n8.x2.shared.b16`, emulated (wave32 only):
-/// [`ldmatrix_x4`]'s first two matrices (lanes 0..16 give the rows).
+/// `ldmatrix.sync.aligned.m8n8.x4.shared.b16`, emulated ([`ldmatrix_n`]).
+#[inline(always)]
+pub unsafe fn ldmatrix_x4(p: *const u16) -> [u32; 4] {
+    // SAFETY: caller contract.
+    unsafe { ldmatrix_n::<4>(p) }
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x2.shared.b16`, emulated ([`ldmatrix_n`]:
+/// lanes 0..16 give the rows).
 #[inline(always)]
 pub unsafe fn ldmatrix_x2(p: *const u16) -> [u32; 2] {
-    if wave_size() != 32 {
-        trap();
-    }
-    let l = thread_id() % 32;
-    let mut r = [0u32; 2];
-    for (j, r) in r.iter_mut().enumerate() {
-        let row = addr_of(p, 8 * j as u32 + l / 4);
-        // SAFETY: the giving lane's row is readable (caller contract).
-        *r = unsafe { row.add(2 * (l % 4) as usize).cast::<u32>().read_unaligned() };
-    }
-    r
+    // SAFETY: caller contract.
+    unsafe { ldmatrix_n::<2>(p) }
 }
 
 /// `ldmatrix...x4.trans`, emulated: register `j` of lane `l` holds
