@@ -293,25 +293,22 @@ fn mask_mode(lab: *const i32) -> u8 {
     let lane = gpu::thread_id() % ws;
     // SAFETY: labels 0..144 of the window (workgroup memory).
     let l0 = unsafe { lab.read() };
-    let (mut differ, mut above) = (0u32, 0u32);
+    let (mut differ, mut above) = (false, false);
     // 32-bit indices: `usize` ones cost 64-bit compares per label.
     let mut t = lane;
     while t < T as u32 {
         // SAFETY: as above.
         let l = unsafe { lab.add(t as usize).read() };
-        differ |= u32::from(l != l0);
-        above |= u32::from(!(0..REGIONS as i32).contains(&l));
+        differ |= l != l0;
+        above |= !(0..REGIONS as i32).contains(&l);
         t += ws;
     }
-    let mut m = 1;
-    while m < ws {
-        differ |= gpu::shfl_xor_u32(differ, m);
-        above |= gpu::shfl_xor_u32(above, m);
-        m <<= 1;
-    }
-    if differ == 0 {
+    // One vote each (a butterfly of shuffles over the lanes was 1-2% of
+    // the mask entry's time on the H200: BENCHMARKS.md, seventeenth
+    // session).
+    if !gpu::wave_any(differ) {
         NO_MASK
-    } else if above == 0 {
+    } else if !gpu::wave_any(above) {
         ONEHOT
     } else {
         LABELS
@@ -748,11 +745,10 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         // Every copy starts before the one wait: q, k and v, the labels
         // and the first bias strip arrive together (copied and waited for
         // one after another, they were about a tenth of the kernel's stall
-        // samples on the H200). Without a mask the table is read after the
-        // q, k, v copies start, so that its latency (and its range check's)
-        // overlaps theirs: 1-2% on the H200 (BENCHMARKS.md, fifteenth
-        // session); in the mask entry that order kept a value in local
-        // memory through the strips.
+        // samples on the H200). The tables are read after the q, k, v
+        // copies start, so that their latency (and the range check's)
+        // overlaps the copies': 1-2% without a mask, 2.5-3.8% with one on
+        // the H200 (BENCHMARKS.md, fifteenth and seventeenth sessions).
         let lookup = || {
             // SAFETY: w < windows: the tables hold one entry per window.
             unsafe {
@@ -761,16 +757,9 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
                 )
             }
         };
-        let (ty, sl) = if MASK {
-            let t = lookup();
-            // SAFETY: one workgroup per (window, head) (caller).
-            unsafe { copy(&a, lay, lds, w, h) };
-            t
-        } else {
-            // SAFETY: as above.
-            unsafe { copy(&a, lay, lds, w, h) };
-            lookup()
-        };
+        // SAFETY: one workgroup per (window, head) (caller).
+        unsafe { copy(&a, lay, lds, w, h) };
+        let (ty, sl) = lookup();
         if MASK {
             // SAFETY: `lookup` trapped on slots out of range; the slot's
             // labels lie in `labels` (caller).
