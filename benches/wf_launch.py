@@ -19,10 +19,11 @@ ROW_BLOCK = 256  # wavefuse_shared::layout::ROW_BLOCK
 # wavefuse_shared::geometry: ATTN_WAVES warps per (window, head) workgroup and
 # its workgroup memory (q, k, v tiles of 144 rows at a 40-half stride, each
 # warp's 16-row bias buffer at a 152-half stride, the window's 144 int32
-# region labels, then the one-hot key tile of 144 rows at an 8-half stride):
-# 52,032 bytes.
+# region labels, the one-hot key tile of 144 rows at an 8-half stride, then
+# each warp's 16 x 32-half output strip): 55,104 bytes.
 ATTN_WAVES = 3
-ATTN_SHARED_BYTES = 3 * 144 * 40 * 2 + ATTN_WAVES * 16 * 152 * 2 + 144 * 4 + 144 * 8 * 2
+ATTN_SHARED_BYTES = (3 * 144 * 40 * 2 + ATTN_WAVES * 16 * 152 * 2 + 144 * 4 + 144 * 8 * 2
+                     + ATTN_WAVES * 16 * 32 * 2)
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 

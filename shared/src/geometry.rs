@@ -74,11 +74,17 @@ pub const ATTN_LABEL_OFFSET: u32 =
     3 * ATTN_T * ATTN_LDS_STRIDE * 2 + ATTN_WAVES * 16 * ATTN_BIAS_STRIDE * 2;
 /// Window attention: workgroup memory per workgroup (bytes): the q, k and
 /// v tiles of one window and head, each wave's bias strip buffer, the
-/// window's labels, its one-hot key tile. 52,032 bytes: within gfx9's 64
+/// window's labels, its one-hot key tile, each wave's output strip.
+/// 55,104 bytes: within gfx9's 64
 /// KiB; above the 48 KiB an NVIDIA launch takes without an opt-in (the
 /// host sets the kernel's limit to this when it loads the module); four
 /// workgroups per SM on sm_90 (228 KiB, 1 KiB reserved per workgroup).
-pub const ATTN_SHARED_BYTES: u32 = ATTN_ONEHOT_OFFSET + ATTN_T * ATTN_ONEHOT_STRIDE * 2;
+pub const ATTN_SHARED_BYTES: u32 = ATTN_OUT_OFFSET + ATTN_WAVES * 16 * ATTN_HEAD_DIM * 2;
+/// Window attention: byte offset of each wave's output strip (16 rows of
+/// [`ATTN_HEAD_DIM`] halves, swizzled 64-byte rows), after the one-hot key
+/// tile: a strip's outputs pass through it so that each row leaves in
+/// 16-byte pieces.
+pub const ATTN_OUT_OFFSET: u32 = ATTN_ONEHOT_OFFSET + ATTN_T * ATTN_ONEHOT_STRIDE * 2;
 /// Window attention: byte offset of the one-hot key tile (144 rows of
 /// [`ATTN_ONEHOT_STRIDE`] halves), after the labels.
 pub const ATTN_ONEHOT_OFFSET: u32 = ATTN_LABEL_OFFSET + ATTN_T * 4;
@@ -86,6 +92,7 @@ const _: () = assert!(
     ATTN_SHARED_BYTES <= 64 * 1024
         && ATTN_LABEL_OFFSET.is_multiple_of(16)
         && ATTN_ONEHOT_OFFSET.is_multiple_of(16)
+        && ATTN_OUT_OFFSET.is_multiple_of(64)
 );
 /// Window attention: workgroups per SM the NVIDIA build's register budget
 /// is set for (PTX `.minnctapersm`, written by `cargo xtask kernels`):

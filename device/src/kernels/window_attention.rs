@@ -82,8 +82,13 @@
 //! the kernel 13% slower on the H200: BENCHMARKS.md) and read as left
 //! operands; the row max is reduced over the lanes of a row; the
 //! rounded weights are reused in registers as the left operand of `P V`
-//! and of their row sums ([`Mma::to_a`]). Nothing but q, k, v, the bias, the labels and the
-//! output touches memory outside the workgroup.
+//! and of their row sums ([`Mma::to_a`]); the strip's outputs, rounded,
+//! pass through the wave's output strip in workgroup memory so that each
+//! 64-byte row leaves as four 16-byte stores (stored from the accumulator
+//! layout, every 32-bit store wrote half of a sector and the no-mask
+//! entry took 2.4% longer on the H200: BENCHMARKS.md, seventeenth
+//! session). Nothing but q, k, v, the bias, the labels and the output
+//! touches memory outside the workgroup.
 //!
 //! On NVIDIA the entry points carry launch bounds (`cargo xtask kernels`
 //! writes `.maxntid 96` and `.minnctapersm 4` into the PTX): without them
@@ -93,7 +98,8 @@ use crate::gpu::{self, pack2};
 use crate::vec::{V8, load8_bits, store8_bits};
 use wavefuse_shared::geometry::{
     ATTN_BIAS_STRIDE, ATTN_HEAD_DIM, ATTN_LABEL_OFFSET, ATTN_LDS_STRIDE, ATTN_MASK_NEG,
-    ATTN_ONEHOT_OFFSET, ATTN_ONEHOT_REGIONS, ATTN_ONEHOT_STRIDE, ATTN_T, ATTN_WAVES,
+    ATTN_ONEHOT_OFFSET, ATTN_ONEHOT_REGIONS, ATTN_ONEHOT_STRIDE, ATTN_OUT_OFFSET, ATTN_T,
+    ATTN_WAVES,
 };
 
 const T: usize = ATTN_T as usize;
@@ -406,6 +412,8 @@ struct Tiles {
     bias: *const u16,
     labels: *const i32,
     onehot: Tile,
+    /// The wave's output strip.
+    out: Tile,
 }
 
 /// The scale's constants: `1 / scale` as two f16 diagonals for the
@@ -581,10 +589,14 @@ unsafe fn exact_strip<M: Mma, const MODE: u8>(
 }
 
 /// Writes the strip's output rows `f16(o * inv)` (token `w * 144 + r0 +
-/// i`, channels `h * 32..`).
+/// i`, channels `h * 32..`), through the wave's output strip `ot` in
+/// workgroup memory: each row's 64 bytes then leave as four 16-byte
+/// pieces from four lanes.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn store_rows<M: Mma>(
     a: &Args,
+    ot: Tile,
     w: usize,
     h: usize,
     r0: usize,
@@ -593,24 +605,36 @@ fn store_rows<M: Mma>(
     inv: [f32; MAX_ROWS],
 ) {
     let ch = a.heads as usize * D;
+    // Every lane's reads of the previous strip are done.
+    gpu::wave_barrier();
     for (half, o) in [o0, o1].iter().enumerate() {
         let o = o.as_ref();
         let mut e = 0;
         while e < M::ACC_LEN {
-            let i = r0 + M::acc_row(e) as usize;
+            let i = M::acc_row(e) as usize;
             let d = 16 * half + M::acc_col(e) as usize;
             let r = M::acc_slot(e);
             let pair = pack2(o[e] * inv[r], o[e + 1] * inv[r]);
-            // SAFETY: token (w, i), channel h * 32 + d of the output
-            // (caller); d even, so 4-byte aligned.
-            unsafe {
-                a.out
-                    .add((w * T + i) * ch + h * D + d)
-                    .cast::<u32>()
-                    .write(pair)
-            };
+            // SAFETY: row i < 16, column d < 32 of the wave's strip; d
+            // even, so 4-byte aligned.
+            unsafe { ot.at(i, d).cast_mut().cast::<u32>().write(pair) };
             e += 2;
         }
+    }
+    gpu::wave_barrier();
+    let ws = gpu::wave_size() as usize;
+    let lane = gpu::thread_id() as usize % ws;
+    let mut p = lane;
+    while p < 16 * D / 8 {
+        let (i, c) = (p / 4, 8 * (p % 4));
+        // SAFETY: piece p of the strip (written above, after the barrier);
+        // token (w, r0 + i), channels h * 32 + c.. of the output (caller),
+        // 16-byte aligned.
+        unsafe {
+            let v = load8_bits(ot.at(i, c));
+            store8_bits(a.out.add((w * T + r0 + i) * ch + h * D + c), v);
+        }
+        p += ws;
     }
 }
 
@@ -714,7 +738,7 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             bad |= inv[r].is_nan();
         }
         redo |= u32::from(gpu::wave_any(bad)) << strip;
-        store_rows::<M>(a, w, h, r0, o0, o1, inv);
+        store_rows::<M>(a, l.out, w, h, r0, o0, o1, inv);
         strip += ATTN_WAVES as usize;
     }
     // The strips with a non-finite score, the exact way (overwriting their
@@ -725,7 +749,7 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
         let r0 = 16 * strip;
         // SAFETY: the strip's rows of the bias tile; the staged tiles.
         let (o0, o1, inv) = unsafe { exact_strip::<M, MODE>(l, r0, l.bias.add(r0 * T), a.scale) };
-        store_rows::<M>(a, w, h, r0, o0, o1, inv);
+        store_rows::<M>(a, l.out, w, h, r0, o0, o1, inv);
     }
 }
 
@@ -785,6 +809,11 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
             bias: bp,
             labels: lab,
             onehot: Tile::new(oh, OS, Swizzle::NONE),
+            out: Tile::new(
+                lds.wrapping_add(ATTN_OUT_OFFSET as usize / 2 + wave * 16 * D),
+                D,
+                Swizzle::QUADS,
+            ),
         };
         // The one-hot product needs the mask in units of 1 / scale as a
         // finite f16 (scale above about 2^-9.4); smaller scales take the
@@ -815,7 +844,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
                     // tiles and labels.
                     let (o0, o1, inv) =
                         unsafe { exact_strip::<M, LABELS>(l, r0, bp.add(r0 * T), a.scale) };
-                    store_rows::<M>(&a, w, h, r0, o0, o1, inv);
+                    store_rows::<M>(&a, l.out, w, h, r0, o0, o1, inv);
                     strip += ATTN_WAVES as usize;
                 }
             }
