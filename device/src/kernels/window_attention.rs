@@ -85,10 +85,10 @@
 //! and of their row sums ([`Mma::to_a`]); the strip's outputs, rounded,
 //! pass through the wave's output strip in workgroup memory so that each
 //! 64-byte row leaves as four 16-byte stores (stored from the accumulator
-//! layout, every 32-bit store wrote half of a sector and the no-mask
-//! entry took 2.4% longer on the H200: BENCHMARKS.md, seventeenth
-//! session). Nothing but q, k, v, the bias, the labels and the output
-//! touches memory outside the workgroup.
+//! layout, every 32-bit store wrote half of a sector, and the kernel was
+//! slower on the H200: BENCHMARKS.md, seventeenth session). Nothing but
+//! q, k, v, the bias, the labels and the output touches memory outside
+//! the workgroup.
 //!
 //! On NVIDIA the entry points carry launch bounds (`cargo xtask kernels`
 //! writes `.maxntid 96` and `.minnctapersm 4` into the PTX): without them
@@ -309,9 +309,8 @@ fn mask_mode(lab: *const i32) -> u8 {
         above |= !(0..REGIONS as i32).contains(&l);
         t += ws;
     }
-    // One vote each (a butterfly of shuffles over the lanes was 1-2% of
-    // the mask entry's time on the H200: BENCHMARKS.md, seventeenth
-    // session).
+    // One vote each (a butterfly of shuffles over the lanes was slower
+    // on the H200: BENCHMARKS.md, seventeenth session).
     if !gpu::wave_any(differ) {
         NO_MASK
     } else if !gpu::wave_any(above) {
@@ -771,8 +770,8 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         // one after another, they were about a tenth of the kernel's stall
         // samples on the H200). The tables are read after the q, k, v
         // copies start, so that their latency (and the range check's)
-        // overlaps the copies': 1-2% without a mask, 2.5-3.8% with one on
-        // the H200 (BENCHMARKS.md, fifteenth and seventeenth sessions).
+        // overlaps the copies' (BENCHMARKS.md, fifteenth and seventeenth
+        // sessions).
         let lookup = || {
             // SAFETY: w < windows: the tables hold one entry per window.
             unsafe {
