@@ -55,9 +55,10 @@ class Driver:
         return self.funcs[name]
 
     def launch(self, name, grid, block, args, shared=0):
-        """args: ctypes scalars (c_uint64 for pointers and u64, c_uint32,
-        c_float); shared: launch-sized workgroup memory in bytes (above 48
-        KiB the kernel's limit is raised first, as the host crate does)."""
+        """grid: workgroups, or (x, y) of them; args: ctypes scalars
+        (c_uint64 for pointers and u64, c_uint32, c_float); shared:
+        launch-sized workgroup memory in bytes (above 48 KiB the kernel's
+        limit is raised first, as the host crate does)."""
         f = self.func(name)
         if shared > 48 * 1024 and (name, shared) not in self.raised:
             self._check(self.cu.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -65,7 +66,8 @@ class Driver:
             self.raised.add((name, shared))
         params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self._check(self.cu.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, shared, stream,
+        gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
+        self._check(self.cu.cuLaunchKernel(f, gx, gy, 1, block, 1, 1, shared, stream,
                                            params, None), f"cuLaunchKernel({name})")
 
 
@@ -123,10 +125,13 @@ def window_attention(drv, windows, heads, n_types, n_slots, name="wf_window_atte
             tables[key] = (type_idx.to(torch.int32).contiguous(), slot_idx.to(torch.int32).contiguous())
         ty, sl = tables[key]
         out = torch.empty((windows * 144, 32 * heads), device=qkv.device, dtype=qkv.dtype)
-        drv.launch(name, windows * heads, ATTN_WAVES * 32,
+        # A driver may carry another build's workgroup memory and grid
+        # (tools/exp/attn_ab.py's NAME=PATH@BYTES#2d).
+        grid = (heads, windows) if getattr(drv, "grid2d", False) else windows * heads
+        drv.launch(name, grid, ATTN_WAVES * 32,
                    [ptr(qkv), ctypes.c_uint64(0) if qkv_bias is None else ptr(qkv_bias), ptr(out),
                     ptr(bias), ptr(labels), ptr(ty), ptr(sl),
                     ctypes.c_uint32(heads), ctypes.c_uint32(n_types), ctypes.c_uint32(n_slots), scale],
-                   shared=ATTN_SHARED_BYTES)
+                   shared=getattr(drv, "shared", ATTN_SHARED_BYTES))
         return out
     return fn

@@ -1,6 +1,6 @@
 """A/B timing of window-attention PTX builds in one process on one GPU.
 
-    python3 attn_ab.py NAME=PATH.ptx [NAME=PATH.ptx ...] [--qkv-bias] [--compile]
+    python3 attn_ab.py NAME=PATH.ptx[@BYTES][#2d] [...] [--qkv-bias] [--compile]
                        [--reps N] [--out FILE.jsonl]
 
 A build is an sm_90 PTX of the device crate (`host/kernels/sm_90.ptx` of a
@@ -19,7 +19,11 @@ docs (the sixteenth session's terms: the weights normalised by their own
 rounded sum, BENCHMARKS.md), as "max err/bound" (above 1: a wrong kernel). With a
 QKV bias the reference adds it as the kernel does, f16(x + b).
 
-Each build's entries first report how many workgroups of the launch's
+`@BYTES` launches that build with BYTES of workgroup memory instead of
+wf_launch.ATTN_SHARED_BYTES (a build whose geometry differs); `#2d`
+launches it on a grid of (heads, windows) instead of windows * heads
+workgroups (a build that reads its window and head from the block's y and
+x). Each build's entries first report how many workgroups of the launch's
 size stay resident per SM (the CUDA occupancy calculator).
 
 The fourteenth session's runs x1-x4 and G3 (BENCHMARKS.md) used this
@@ -106,10 +110,14 @@ def main():
     drivers = {}
     for b in args.builds:
         name, _, path = b.partition("=")
-        if not path:
-            ap.error(f"{b}: expected NAME=PATH.ptx")
+        path, _, grid = path.partition("#")
+        path, _, shared = path.partition("@")
+        if not path or grid not in ("", "2d"):
+            ap.error(f"{b}: expected NAME=PATH.ptx[@BYTES][#2d]")
         if path not in drivers:
             drivers[path] = wf_launch.Driver(path)
+            drivers[path].shared = int(shared) if shared else wf_launch.ATTN_SHARED_BYTES
+            drivers[path].grid2d = grid == "2d"
         builds.append((name, drivers[path]))
     ahead = peers.Ahead(True)
     for path, drv in drivers.items():
@@ -117,10 +125,10 @@ def main():
             n = ctypes.c_int()
             f = drv.func(entry)
             drv.cu.cuFuncSetAttribute(f, wf_launch.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                      ctypes.c_int(wf_launch.ATTN_SHARED_BYTES))
+                                      ctypes.c_int(drv.shared))
             drv._check(drv.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 ctypes.byref(n), f, ctypes.c_int(wf_launch.ATTN_WAVES * 32),
-                ctypes.c_size_t(wf_launch.ATTN_SHARED_BYTES)), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+                ctypes.c_size_t(drv.shared)), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
             log(f"{path} {entry}: {n.value} workgroups per SM resident")
 
     def emit(**r):
