@@ -24,7 +24,11 @@
 //! the row sums moved onto the matrix unit and the mask became a
 //! 16x16x8 step (sixteenth session): the normalisation off by `1 +
 //! 2^-11`, the one-hot sign unflipped, the one-hot key operand's rows
-//! (wave32) or upper lanes (wave64) wrong. Not
+//! (wave32) or upper lanes (wave64) wrong; since the mask mode became a
+//! vote and the outputs leave through a per-wave strip (seventeenth
+//! session): the mode taken from lane 0's labels alone, the wave barrier
+//! between the strip's writes and reads dropped, its rows written 8
+//! apart, its pieces stored one chunk off. Not
 //! caught here: the
 //! wave barrier between the copy wait and the buffer reads (the
 //! emulator's copies are synchronous); that is racecheck's. Rows with NaN
