@@ -125,9 +125,12 @@ def window_attention(drv, windows, heads, n_types, n_slots, name="wf_window_atte
             tables[key] = (type_idx.to(torch.int32).contiguous(), slot_idx.to(torch.int32).contiguous())
         ty, sl = tables[key]
         out = torch.empty((windows * 144, 32 * heads), device=qkv.device, dtype=qkv.dtype)
-        # A driver may carry another build's workgroup memory and grid
-        # (tools/exp/attn_ab.py's NAME=PATH@BYTES#2d).
-        grid = (heads, windows) if getattr(drv, "grid2d", False) else windows * heads
+        # Workgroups (heads, windows): the kernel reads its head from x and
+        # its window from y (up to 65535 windows; the host op splits longer
+        # launches). A driver may carry another build's workgroup memory
+        # and grid (tools/exp/attn_ab.py's NAME=PATH@BYTES#1d: windows *
+        # heads workgroups, the kernels before the eighteenth session).
+        grid = windows * heads if getattr(drv, "grid1d", False) else (heads, windows)
         drv.launch(name, grid, ATTN_WAVES * 32,
                    [ptr(qkv), ctypes.c_uint64(0) if qkv_bias is None else ptr(qkv_bias), ptr(out),
                     ptr(bias), ptr(labels), ptr(ty), ptr(sl),

@@ -41,7 +41,7 @@ use half::f16;
 use proptest::prelude::*;
 use wavefuse::{
     Choice, Device, Error, RegionLabels, RegionMask, Wave, WindowAttention, WindowBias,
-    WindowTable, window_attention,
+    WindowTable, window_attention, window_attention_split,
 };
 
 const T: usize = 144;
@@ -148,6 +148,16 @@ fn run(dev: &Device, c: &Case) -> Result<Vec<f16>, String> {
 
 /// [`run`] with `labels` in place of the case's (same slots).
 fn run_with(dev: &Device, c: &Case, labels: Option<&RegionLabels>) -> Result<Vec<f16>, String> {
+    run_split(dev, c, labels, usize::MAX)
+}
+
+/// [`run_with`] in launches of at most `per_launch` windows.
+fn run_split(
+    dev: &Device,
+    c: &Case,
+    labels: Option<&RegionLabels>,
+    per_launch: usize,
+) -> Result<Vec<f16>, String> {
     let e = |e: Error| e.to_string();
     let x = dev.upload(&c.qkv).map_err(e)?;
     let qb = c
@@ -179,7 +189,16 @@ fn run_with(dev: &Device, c: &Case, labels: Option<&RegionLabels>) -> Result<Vec
         mask,
     };
     let mut out = dev.upload(&vec![POISON; c.qkv.len() / 3]).map_err(e)?;
-    window_attention(dev, &x.view(), qbv.as_ref(), &ab, &mut out.view_mut(), &c.p).map_err(e)?;
+    window_attention_split(
+        dev,
+        &x.view(),
+        qbv.as_ref(),
+        &ab,
+        &mut out.view_mut(),
+        &c.p,
+        per_launch,
+    )
+    .map_err(e)?;
     out.download().map_err(e)
 }
 
@@ -309,6 +328,31 @@ fn many_windows_with_types_in_runs() {
     c.ty = (0..windows).map(|w| [0, 0, 0, 1, 1, 2, 0][w % 7]).collect();
     for dev in devices() {
         check(&dev, &c).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
+fn launches_split_by_windows_give_the_same_outputs() {
+    // More than 65,535 windows go in several launches on a (heads,
+    // windows) grid, each with its windows' rows of qkv and out and its
+    // entries of the tables: here 2 windows per launch (3 launches),
+    // against one launch, bit for bit, with and without a mask.
+    for (seed, slots) in [(41, Some(3)), (42, None)] {
+        let mut c = make_case(seed, 5, 2, 3, slots, 1.0, true, 0);
+        c.ty = vec![2, 0, 1, 1, 2];
+        if let Some((_, sl, _)) = c.mask.as_mut() {
+            *sl = vec![1, 2, 0, 2, 1];
+        }
+        for dev in devices() {
+            let whole = run(&dev, &c).unwrap_or_else(|e| panic!("{e}"));
+            let split = run_split(&dev, &c, None, 2).unwrap_or_else(|e| panic!("{e}"));
+            let differ = whole
+                .iter()
+                .zip(&split)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(differ, 0, "{}: {differ} outputs differ", dev.info().name);
+        }
     }
 }
 

@@ -65,6 +65,8 @@ pub use ops::layer_norm::{Affine, layer_norm};
 pub use ops::layer_norm_gather::layer_norm_gather;
 pub use ops::qkv_split::{QkvSplit, qkv_split};
 pub use ops::region_labels::{RegionLabels, RegionMask};
+#[doc(hidden)]
+pub use ops::window_attention::window_attention_split;
 pub use ops::window_attention::{WindowAttention, WindowBias, window_attention};
 
 /// Built code objects, for inspection (static checks, bundles).

@@ -54,6 +54,15 @@ impl<'a, T> In<'a, T> {
     pub fn null() -> Self {
         In::new(0, None)
     }
+
+    /// The address `n` elements further, the same owner (a null argument
+    /// stays null).
+    pub fn offset(self, n: usize) -> Self {
+        if self.addr == 0 {
+            return self;
+        }
+        In::new(self.addr + (n * size_of::<T>()) as u64, self.owner)
+    }
 }
 
 impl<'a, T> Out<'a, T> {
@@ -63,6 +72,11 @@ impl<'a, T> Out<'a, T> {
             owner,
             _t: PhantomData,
         }
+    }
+
+    /// The address `n` elements further, the same owner.
+    pub fn offset(self, n: usize) -> Self {
+        Out::new(self.addr + (n * size_of::<T>()) as u64, self.owner)
     }
 }
 

@@ -1,6 +1,6 @@
 """A/B timing of window-attention PTX builds in one process on one GPU.
 
-    python3 attn_ab.py NAME=PATH.ptx[@BYTES][#2d] [...] [--qkv-bias] [--compile]
+    python3 attn_ab.py NAME=PATH.ptx[@BYTES][#1d|#2d] [...] [--qkv-bias] [--compile]
                        [--reps N] [--out FILE.jsonl]
 
 A build is an sm_90 PTX of the device crate (`host/kernels/sm_90.ptx` of a
@@ -20,10 +20,11 @@ rounded sum, BENCHMARKS.md), as "max err/bound" (above 1: a wrong kernel). With 
 QKV bias the reference adds it as the kernel does, f16(x + b).
 
 `@BYTES` launches that build with BYTES of workgroup memory instead of
-wf_launch.ATTN_SHARED_BYTES (a build whose geometry differs); `#2d`
-launches it on a grid of (heads, windows) instead of windows * heads
-workgroups (a build that reads its window and head from the block's y and
-x). Each build's entries first report how many workgroups of the launch's
+wf_launch.ATTN_SHARED_BYTES (a build whose geometry differs). Builds are
+launched on a grid of (heads, windows) workgroups (the kernel reads its
+head and window from the block's x and y; `#2d` says so explicitly);
+`#1d` launches windows * heads workgroups (a build from before the
+eighteenth session, which divides the block index by the head count). Each build's entries first report how many workgroups of the launch's
 size stay resident per SM (the CUDA occupancy calculator).
 
 The fourteenth session's runs x1-x4 and G3 (BENCHMARKS.md) used this
@@ -112,12 +113,12 @@ def main():
         name, _, path = b.partition("=")
         path, _, grid = path.partition("#")
         path, _, shared = path.partition("@")
-        if not path or grid not in ("", "2d"):
-            ap.error(f"{b}: expected NAME=PATH.ptx[@BYTES][#2d]")
+        if not path or grid not in ("", "1d", "2d"):
+            ap.error(f"{b}: expected NAME=PATH.ptx[@BYTES][#1d|#2d]")
         if path not in drivers:
             drivers[path] = wf_launch.Driver(path)
             drivers[path].shared = int(shared) if shared else wf_launch.ATTN_SHARED_BYTES
-            drivers[path].grid2d = grid == "2d"
+            drivers[path].grid1d = grid == "1d"
         builds.append((name, drivers[path]))
     ahead = peers.Ahead(True)
     for path, drv in drivers.items():

@@ -265,6 +265,18 @@ pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
 }
 
 #[inline(always)]
+pub unsafe fn copy_from_workgroup(dst: *mut u16, src: *const u16) {
+    // SAFETY: caller contract (16 readable / writable, aligned bytes).
+    unsafe { dst.cast::<[u32; 4]>().write(src.cast::<[u32; 4]>().read()) }
+}
+
+#[inline(always)]
+pub fn copy_to_workgroup_fence() {}
+
+#[inline(always)]
+pub fn copy_to_workgroup_wait_older() {}
+
+#[inline(always)]
 pub fn copy_to_workgroup_wait() {}
 
 #[inline(always)]

@@ -321,6 +321,35 @@ pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
     unsafe { imp::copy_to_workgroup(dst, src) }
 }
 
+/// Copies 16 bytes from workgroup memory at `src` to global memory at
+/// `dst`: one 16-byte load and one 16-byte store (NVIDIA
+/// `ld.shared.v4` / `st.global.v4`), synchronous.
+///
+/// # Safety
+/// `src` workgroup memory and `dst` global memory, each valid for 16
+/// bytes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn copy_from_workgroup(dst: *mut u16, src: *const u16) {
+    // SAFETY: caller contract.
+    unsafe { imp::copy_from_workgroup(dst, src) }
+}
+
+/// Ends a group of this thread's [`copy_to_workgroup`] copies: those
+/// started since the previous fence (NVIDIA `cp.async.commit_group`; the
+/// other targets copy synchronously).
+#[inline(always)]
+pub fn copy_to_workgroup_fence() {
+    imp::copy_to_workgroup_fence()
+}
+
+/// Waits for this thread's [`copy_to_workgroup`] copies started before its
+/// last [`copy_to_workgroup_fence`] but one: every group but the newest
+/// (NVIDIA `cp.async.wait_group 1`).
+#[inline(always)]
+pub fn copy_to_workgroup_wait_older() {
+    imp::copy_to_workgroup_wait_older()
+}
+
 /// Waits for this thread's [`copy_to_workgroup`] copies.
 #[inline(always)]
 pub fn copy_to_workgroup_wait() {

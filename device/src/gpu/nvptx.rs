@@ -432,6 +432,42 @@ pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
 }
 
 #[inline(always)]
+pub unsafe fn copy_from_workgroup(dst: *mut u16, src: *const u16) {
+    // One 16-byte load and one 16-byte store, explicitly: a `V8` read and
+    // written in Rust became a 16-byte `memcpy`, which LLVM lowered as two
+    // 8-byte loads and stores. Without `nomem` the compiler keeps memory
+    // accesses on their side of the asm.
+    // SAFETY: caller contract (`src` workgroup memory, `dst` global, 16
+    // aligned bytes each).
+    unsafe {
+        core::arch::asm!(
+            "{{",
+            ".reg .b64 g;",
+            ".reg .b32 a, b, c, d;",
+            "cvta.to.global.u64 g, {g};",
+            "ld.shared.v4.b32 {{a, b, c, d}}, [{s}];",
+            "st.global.v4.b32 [g], {{a, b, c, d}};",
+            "}}",
+            s = in(reg32) shared_addr(src),
+            g = in(reg64) dst,
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
+#[inline(always)]
+pub fn copy_to_workgroup_fence() {
+    // SAFETY: commits this thread's pending cp.async copies as a group.
+    unsafe { core::arch::asm!("cp.async.commit_group;", options(nostack, preserves_flags)) }
+}
+
+#[inline(always)]
+pub fn copy_to_workgroup_wait_older() {
+    // SAFETY: waits for all but this thread's newest cp.async group.
+    unsafe { core::arch::asm!("cp.async.wait_group 1;", options(nostack, preserves_flags)) }
+}
+
+#[inline(always)]
 pub fn copy_to_workgroup_wait() {
     // SAFETY: waits for this thread's cp.async groups; no operands.
     unsafe { core::arch::asm!("cp.async.wait_all;", options(nostack, preserves_flags)) }

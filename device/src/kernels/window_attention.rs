@@ -20,8 +20,10 @@
 //! `1 / scale` for the scales the host accepts, 2^-14 to 8):
 //! - the score in units of `1 / scale`, one f32 accumulation on the matrix
 //!   unit per 16-key tile (hardware order; every product exact): `a =
-//!   m_ij + dh bias_ij + dl bias_ij + sum_d q_d k_d` ([`Mma::add_scaled`]:
-//!   the bias times a diagonal, no per-element conversion or `fma`), with
+//!   m_ij + sum_d q_d k_d + dh bias_ij + dl bias_ij`, in that order
+//!   ([`Mma::add_scaled`]: the bias times a diagonal, no per-element
+//!   conversion or `fma`; added last, so that the strip's q . k products
+//!   need not wait for its bias rows), with
 //!   the mask `m_ij` exactly 0 within a region and `mh = f16(-100 /
 //!   scale)` across it (`mh` plus one-hot region rows times one-hot key
 //!   rows, `-mh` where the regions agree, a 16x16x8 step on the matrix
@@ -38,7 +40,8 @@
 //! - `sum = sum_j p_j`: the row sums of the same rounded weights, on the
 //!   matrix unit with `P V` (`P` times a tile of ones, f32 accumulation:
 //!   [`Mma::add_row_sums`]);
-//! - `out = f16(o * (1 / sum))`.
+//! - `out = f16(o * (1 / sum))`, `1 / sum` one Newton step on the
+//!   hardware's reciprocal (within an f32 ulp of the rounded quotient).
 //!
 //! So `out` is a weighted mean of the `v_j` with weights that sum to one
 //! (up to the f32 sums' rounding): the f16 rounding of `p` (PyTorch's
@@ -63,8 +66,9 @@
 //! at a scale where `mh` is not a finite f16, take this path for every
 //! strip.
 //!
-//! Layout: one workgroup of [`ATTN_WAVES`] waves per (window, head)
-//! (`block_id = window * heads + head`). The q, k and v tiles (144 x 32)
+//! Layout: one workgroup of [`ATTN_WAVES`] waves per (window, head), on a
+//! grid of (heads, windows) (head `block_id`, window `block_id_y`: no
+//! division by the head count). The q, k and v tiles (144 x 32)
 //! and the window's 144 labels are copied to workgroup memory in 16-byte
 //! pieces ([`gpu::copy_to_workgroup`]: `cp.async` on NVIDIA, so no
 //! registers hold them in flight; each eight threads fill 128 contiguous
@@ -77,7 +81,9 @@
 //! accumulators; the strip's bias rows come from a per-wave buffer in
 //! workgroup memory (NVIDIA: the rows as they lie in memory, chunk pairs
 //! swizzled; AMD: rows padded to [`ATTN_BIAS_STRIDE`]), copied in
-//! 16-byte pieces while the previous strip finished (read straight from
+//! 16-byte pieces while the previous strip finished and waited for after
+//! the strip's q . k products (the first strip's rows as a second group
+//! of copies behind q, k and v: [`gpu::copy_to_workgroup_fence`]; read straight from
 //! L2 in the accumulator layout they kept L2 at 71% of its throughput and
 //! the kernel 13% slower on the H200: BENCHMARKS.md) and read as left
 //! operands; the row max is reduced over the lanes of a row; the
@@ -488,13 +494,19 @@ fn softmax<M: Mma>(s: &mut [M::Acc; STRIPS], mx: [f32; MAX_ROWS], c: f32) -> [M:
     p
 }
 
-/// Each row's `1 / sum` from the row sums of the rounded weights.
+/// Each row's `1 / sum` from the row sums of the rounded weights: one
+/// Newton step (two `fma`) on the hardware's reciprocal, within an f32 ulp
+/// of the correctly rounded value (Markstein; exact division on the host).
+/// A sum lies in [1, 144] (the row's largest weight is 1) or is NaN, which
+/// stays NaN; so the IEEE division's range check and slow path (a branch
+/// per row on NVIDIA) are not needed.
 #[inline(always)]
 fn inv_sums<M: Mma>(sums: M::Sums) -> [f32; MAX_ROWS] {
     let sum = M::row_sums(sums);
     let mut inv = [0.0f32; MAX_ROWS];
     for r in 0..M::ROWS {
-        inv[r] = 1.0 / sum[r];
+        let y = gpu::recip_approx(sum[r]);
+        inv[r] = gpu::fma(y, gpu::fma(-sum[r], y, 1.0), y);
     }
     inv
 }
@@ -630,9 +642,8 @@ fn store_rows<M: Mma>(
         // token (w, r0 + i), channels h * 32 + c.. of the output (caller),
         // 16-byte aligned.
         unsafe {
-            let v = load8_bits(ot.at(i, c));
-            store8_bits(a.out.add((w * T + r0 + i) * ch + h * D + c), v);
-        }
+            gpu::copy_from_workgroup(a.out.add((w * T + r0 + i) * ch + h * D + c), ot.at(i, c))
+        };
         p += ws;
     }
 }
@@ -649,9 +660,6 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
     let mut strip = wave;
     while strip < STRIPS {
         let r0 = 16 * strip;
-        // The strip's bias rows, fetched during the previous strip.
-        gpu::copy_to_workgroup_wait();
-        gpu::wave_barrier();
         // SAFETY: every tile read below lies in the staged q, k, v (16-byte
         // aligned rows of LS halves in workgroup memory).
         let q = unsafe { strip_q::<M>(l, r0) };
@@ -674,15 +682,8 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
         let mut s = [M::zero(); STRIPS];
         let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
         crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
-            // SAFETY: as above; the bias tile is rows 0..16, columns
-            // 16n..16n + 16 of the wave's buffer.
-            let (k0, k1, bt) = unsafe {
-                (
-                    M::load_b_t(l.k, 16 * n, 0),
-                    M::load_b_t(l.k, 16 * n, 16),
-                    M::load_a(l.buf, 0, 16 * n),
-                )
-            };
+            // SAFETY: as above.
+            let (k0, k1) = unsafe { (M::load_b_t(l.k, 16 * n, 0), M::load_b_t(l.k, 16 * n, 16)) };
             // The mask first, exactly 0 or `mh`: the matrix unit's sum then
             // starts from it.
             let acc = if MODE == ONEHOT {
@@ -692,8 +693,17 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             } else {
                 M::zero()
             };
-            let acc = M::add_scaled(bt, k.dlo, M::add_scaled(bt, k.dhi, acc));
             s[n] = M::mma(q.1, k1, M::mma(q.0, k0, acc));
+        });
+        // The strip's bias rows, fetched during the previous strip (the
+        // first strip's during the start).
+        gpu::copy_to_workgroup_wait();
+        gpu::wave_barrier();
+        crate::unroll!(n in [0, 1, 2, 3, 4, 5, 6, 7, 8] {
+            // SAFETY: the bias tile is rows 0..16, columns 16n..16n + 16 of
+            // the wave's buffer.
+            let bt = unsafe { M::load_a(l.buf, 0, 16 * n) };
+            s[n] = M::add_scaled(bt, k.dlo, M::add_scaled(bt, k.dhi, s[n]));
             // Per row the tile's four elements pairwise, then one step of
             // a chain over the tiles: 9 dependent steps, not 36 (the max
             // is exact in any order).
@@ -756,9 +766,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
     #[inline(always)]
     fn run<M: Mma>(self) {
         let a = self.0;
-        let heads = crate::math::divisor(a.heads);
-        let tile = gpu::block_id();
-        let (w, h) = ((tile / heads) as usize, (tile % heads) as usize);
+        let (w, h) = (gpu::block_id_y() as usize, gpu::block_id() as usize);
         let lds = gpu::workgroup_mem::<u16>();
         let lay = Layout::of::<M>();
         let lab = lds
@@ -792,9 +800,13 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         let bp = unsafe { a.bias.add((ty as usize * a.heads as usize + h) * T * T) };
         let wave = gpu::wave_uniform(gpu::thread_id() / gpu::wave_size()) as usize;
         let buf = lay.buf(lds, wave);
+        // The q, k, v and label copies as one group, the first bias strip as
+        // a second, waited for by the strip.
+        gpu::copy_to_workgroup_fence();
         // SAFETY: the wave's buffer; its first strip.
         unsafe { prefetch_bias(bp, buf, wave) };
-        gpu::copy_to_workgroup_wait();
+        gpu::copy_to_workgroup_fence();
+        gpu::copy_to_workgroup_wait_older();
         if !a.qkv_bias.is_null() {
             // SAFETY: this thread's pieces, copied and waited for.
             unsafe { add_qkv_bias(&a, lay, lds, h) };
@@ -858,7 +870,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
 /// third of that, `qkv_bias` null or valid for `3 * heads * 32`, `bias`
 /// for `n_types * heads * 144 * 144`, `labels` for `n_slots * 144` when
 /// `MASK`, `types` (and `slots`) for `windows` entries, all 16-byte
-/// aligned; `heads >= 1`; launched with `windows * heads` workgroups of
+/// aligned; `heads >= 1`; launched on a grid of (heads, windows) workgroups of
 /// [`ATTN_WAVES`] waves and
 /// [`ATTN_SHARED_BYTES`](wavefuse_shared::geometry::ATTN_SHARED_BYTES) of
 /// workgroup memory.

@@ -25,6 +25,9 @@ pub(crate) const MAX_GRID: usize = i32::MAX as usize;
 /// The most threads one launch may have (HIP counts grid x block threads
 /// in 32 bits).
 pub(crate) const MAX_THREADS: u64 = u32::MAX as u64;
+/// Workgroups along y in one launch (CUDA's `gridDim.y` limit; HIP's is
+/// not lower): an op with a 2D grid splits a longer launch.
+pub(crate) const MAX_GRID_Y: usize = 65_535;
 
 /// The argument checks of one op on one stream.
 pub(crate) struct Check<'a> {

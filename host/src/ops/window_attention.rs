@@ -1,5 +1,6 @@
 //! Fused 3D window attention (Pangu / Swin): from the QKV Linear's output
-//! to the attention output in token order, in one launch, on the matrix
+//! to the attention output in token order, in one launch (per 65,535
+//! windows: the grid is (heads, windows)), on the matrix
 //! units (NVIDIA `mma.sync`, AMD MFMA; the emulator runs both layouts).
 //!
 //! Per window `w` (144 tokens) and head `h` (32 channels):
@@ -32,7 +33,9 @@
 //! - `p = f16(e)` (the unnormalised weights rounded once; PyTorch's
 //!   unfused chain rounds the normalised probabilities to f16 too), then
 //!   `o = p . v` and `sum = sum p` (the rounded weights) in f32 on the
-//!   matrix unit, and `out = f16(o * (1 / sum))`.
+//!   matrix unit, and `out = f16(o * (1 / sum))` (`1 / sum` one Newton
+//!   step on the hardware's reciprocal: within an f32 ulp of the rounded
+//!   quotient).
 //!
 //! A 16-row strip with a NaN or infinite score (an infinite or NaN bias,
 //! NaN or infinite inputs) and every strip of a masked window with more
@@ -73,9 +76,9 @@
 //!
 //! BENCHMARKS.md records the worst errors of the kernel, of SDPA and of
 //! PyTorch's unfused f16 chain against this bound on the H200.
-use super::Check;
 use super::bias_mask_add::WindowTable;
 use super::region_labels::RegionMask;
+use super::{Check, MAX_GRID_Y};
 use crate::backend::Launch;
 use crate::buffer::{Span, View, ViewMut};
 use crate::device::AsStream;
@@ -149,6 +152,22 @@ pub fn window_attention(
     ab: &WindowBias<'_>,
     out: &mut ViewMut<'_, f16>,
     p: &WindowAttention,
+) -> Result<()> {
+    window_attention_split(q, qkv, qkv_bias, ab, out, p, MAX_GRID_Y)
+}
+
+/// [`window_attention`] in launches of at most `windows_per_launch`
+/// windows (clamped to `1..=65535`): the tests' way to exercise the split
+/// that more than 65,535 windows take, at sizes the emulator runs.
+#[doc(hidden)]
+pub fn window_attention_split(
+    q: &impl AsStream,
+    qkv: &View<'_, f16>,
+    qkv_bias: Option<&View<'_, f16>>,
+    ab: &WindowBias<'_>,
+    out: &mut ViewMut<'_, f16>,
+    p: &WindowAttention,
+    windows_per_launch: usize,
 ) -> Result<()> {
     let c = Check {
         q: q.as_stream(),
@@ -258,36 +277,52 @@ pub fn window_attention(
         return Ok(());
     }
     let block = ATTN_WAVES * c.q.info().wave;
-    let tiles = windows.checked_mul(heads).ok_or_else(|| overflow("qkv"))?;
-    let grid = c.grid(tiles, tiles, block)?;
-    let l = Launch {
-        grid: (grid, 1),
-        block,
-        shared_bytes: ATTN_SHARED_BYTES,
-    };
+    // A grid of (heads, windows): the kernel reads its head and window
+    // from the workgroup's x and y (no division by the head count). More
+    // windows than one launch's y takes go in several launches, each with
+    // its windows' rows of qkv, out and the tables.
+    let per_launch = windows.min(windows_per_launch.clamp(1, MAX_GRID_Y));
+    let blocks = per_launch
+        .checked_mul(heads)
+        .ok_or_else(|| overflow("qkv"))?;
+    c.grid(windows.saturating_mul(heads), blocks, block)?;
     let kernel = if ab.mask.is_some() {
         launch::wf_window_attention_mask_144
     } else {
         launch::wf_window_attention_144
     };
-    // SAFETY: lengths, tables and labels (validated at construction),
-    // alignment, devices and aliasing checked above; the workgroup memory
-    // and block size are the kernel's (wavefuse_shared::geometry).
-    unsafe {
-        kernel(
-            c.q,
-            l,
-            qkv.arg(),
-            qkv_bias_arg,
-            out.arg(),
-            ab.bias.arg(),
-            labels,
-            ab.ty.table().arg(),
-            slot,
-            heads as u32,
-            ab.ty.bound() as u32,
-            n_slots,
-            p.scale,
-        )
+    let (xa, oa, ta) = (qkv.arg(), out.arg(), ab.ty.table().arg());
+    let mut w0 = 0;
+    while w0 < windows {
+        let n = per_launch.min(windows - w0);
+        let l = Launch {
+            grid: (heads as u32, n as u32),
+            block,
+            shared_bytes: ATTN_SHARED_BYTES,
+        };
+        // SAFETY: lengths, tables and labels (validated at construction),
+        // alignment, devices and aliasing checked above; windows w0..w0 + n
+        // of qkv, out and the tables (in bounds: w0 + n <= windows); the
+        // workgroup memory and block size are the kernel's
+        // (wavefuse_shared::geometry).
+        unsafe {
+            kernel(
+                c.q,
+                l,
+                xa.offset(w0 * t * 3 * ch),
+                qkv_bias_arg,
+                oa.offset(w0 * t * ch),
+                ab.bias.arg(),
+                labels,
+                ta.offset(w0),
+                slot.offset(w0),
+                heads as u32,
+                ab.ty.bound() as u32,
+                n_slots,
+                p.scale,
+            )?
+        };
+        w0 += n;
     }
+    Ok(())
 }
