@@ -635,8 +635,12 @@ fn store_rows<M: Mma>(
     gpu::wave_barrier();
     let ws = gpu::wave_size() as usize;
     let lane = gpu::thread_id() as usize % ws;
-    let mut p = lane;
-    while p < 16 * D / 8 {
+    // A constant count (two pieces per lane on NVIDIA, one on AMD), so
+    // that every piece's load is issued before the first store (as a loop
+    // to 64, each store waited for its load: BENCHMARKS.md, eighteenth
+    // session).
+    for k in 0..16 * D / 8 / ws {
+        let p = lane + k * ws;
         let (i, c) = (p / 4, 8 * (p % 4));
         // SAFETY: piece p of the strip (written above, after the barrier);
         // token (w, r0 + i), channels h * 32 + c.. of the output (caller),
@@ -644,7 +648,6 @@ fn store_rows<M: Mma>(
         unsafe {
             gpu::copy_from_workgroup(a.out.add((w * T + r0 + i) * ch + h * D + c), ot.at(i, c))
         };
-        p += ws;
     }
 }
 
