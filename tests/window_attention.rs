@@ -28,8 +28,9 @@
 //! vote and the outputs leave through a per-wave strip (seventeenth
 //! session): the mode taken from lane 0's labels alone, the wave barrier
 //! between the strip's writes and reads dropped, its rows written 8
-//! apart, its pieces stored one chunk off. Not
-//! caught here: the
+//! apart, its pieces stored one chunk off; since launches split at
+//! 65,535 windows (eighteenth session): a split that drops the type or the
+//! slot table's offset. Not caught here: the
 //! wave barrier between the copy wait and the buffer reads (the
 //! emulator's copies are synchronous); that is racecheck's. Rows with NaN
 //! / +inf scores or only -inf must be NaN. Outputs are poisoned before
