@@ -198,27 +198,6 @@ pub fn sched_barrier() {
 }
 
 #[inline(always)]
-pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
-    // SAFETY: caller contract (16 readable / writable, aligned bytes).
-    unsafe { dst.cast::<[u32; 4]>().write(src.cast::<[u32; 4]>().read()) }
-}
-
-#[inline(always)]
-pub unsafe fn copy_from_workgroup(dst: *mut u16, src: *const u16) {
-    // SAFETY: caller contract (16 readable / writable, aligned bytes).
-    unsafe { dst.cast::<[u32; 4]>().write(src.cast::<[u32; 4]>().read()) }
-}
-
-#[inline(always)]
-pub fn copy_to_workgroup_fence() {}
-
-#[inline(always)]
-pub fn copy_to_workgroup_wait_older() {}
-
-#[inline(always)]
-pub fn copy_to_workgroup_wait() {}
-
-#[inline(always)]
 pub fn wave_barrier() {
     // SAFETY: a convergent code-motion barrier; the wavefront executes in
     // lockstep and its LDS operations complete in order.
@@ -230,4 +209,7 @@ pub fn wave_uniform(v: u32) -> u32 {
     a::readfirstlane_u32(v)
 }
 
-pub use super::scalar::{below_scaled_h2, odd_bytes};
+pub use super::scalar::{
+    below_scaled_h2, copy_from_workgroup, copy_to_workgroup, copy_to_workgroup_fence,
+    copy_to_workgroup_wait, copy_to_workgroup_wait_older, odd_bytes,
+};

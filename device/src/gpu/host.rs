@@ -259,27 +259,6 @@ pub fn mfma_16x16x16_f16(a: [u32; 2], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
 pub fn sched_barrier() {}
 
 #[inline(always)]
-pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
-    // SAFETY: caller contract (16 readable / writable, aligned bytes).
-    unsafe { dst.cast::<[u32; 4]>().write(src.cast::<[u32; 4]>().read()) }
-}
-
-#[inline(always)]
-pub unsafe fn copy_from_workgroup(dst: *mut u16, src: *const u16) {
-    // SAFETY: caller contract (16 readable / writable, aligned bytes).
-    unsafe { dst.cast::<[u32; 4]>().write(src.cast::<[u32; 4]>().read()) }
-}
-
-#[inline(always)]
-pub fn copy_to_workgroup_fence() {}
-
-#[inline(always)]
-pub fn copy_to_workgroup_wait_older() {}
-
-#[inline(always)]
-pub fn copy_to_workgroup_wait() {}
-
-#[inline(always)]
 pub fn wave_barrier() {
     // Every lane of the wave suspends here until all have arrived, as at
     // any exchange (xor 0: each lane gets its own value back).
@@ -291,4 +270,7 @@ pub fn wave_uniform(v: u32) -> u32 {
     v
 }
 
-pub use super::scalar::{below_scaled_h2, odd_bytes};
+pub use super::scalar::{
+    below_scaled_h2, copy_from_workgroup, copy_to_workgroup, copy_to_workgroup_fence,
+    copy_to_workgroup_wait, copy_to_workgroup_wait_older, odd_bytes,
+};

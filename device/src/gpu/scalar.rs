@@ -1,8 +1,31 @@
 //! Packed-f16 bit operations in plain arithmetic, for the targets without
 //! an instruction for them (gfx9 and the host emulator); NVIDIA's forms
 //! are in `nvptx.rs`. Both give the same bits ([`super::below_scaled_h2`],
-//! [`super::odd_bytes`]).
+//! [`super::odd_bytes`]). Also the copies between global and workgroup
+//! memory of those targets, which have no asynchronous copy: plain 16-byte
+//! copies (through registers), so the fences and waits have nothing to do.
 use super::imp::h2f;
+
+#[inline(always)]
+pub unsafe fn copy_to_workgroup(dst: *mut u16, src: *const u16) {
+    // SAFETY: caller contract (16 readable / writable, aligned bytes).
+    unsafe { dst.cast::<[u32; 4]>().write(src.cast::<[u32; 4]>().read()) }
+}
+
+#[inline(always)]
+pub unsafe fn copy_from_workgroup(dst: *mut u16, src: *const u16) {
+    // SAFETY: caller contract (16 readable / writable, aligned bytes).
+    unsafe { dst.cast::<[u32; 4]>().write(src.cast::<[u32; 4]>().read()) }
+}
+
+#[inline(always)]
+pub fn copy_to_workgroup_fence() {}
+
+#[inline(always)]
+pub fn copy_to_workgroup_wait_older() {}
+
+#[inline(always)]
+pub fn copy_to_workgroup_wait() {}
 
 #[inline(always)]
 pub fn odd_bytes(a: u32, b: u32) -> u32 {
