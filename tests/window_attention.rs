@@ -30,7 +30,9 @@
 //! between the strip's writes and reads dropped, its rows written 8
 //! apart, its pieces stored one chunk off; since launches split at
 //! 65,535 windows (eighteenth session): a split that drops the type or the
-//! slot table's offset. Not caught here: the
+//! slot table's offset; since the key rows of the mask step became
+//! complementary one-hot rows from a zero start (nineteenth session): the
+//! key rows plain one-hot, the query rows' `mh` negated. Not caught here: the
 //! wave barrier between the copy wait and the buffer reads (the
 //! emulator's copies are synchronous); that is racecheck's. Rows with NaN
 //! / +inf scores or only -inf must be NaN. Outputs are poisoned before

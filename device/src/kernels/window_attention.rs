@@ -25,9 +25,11 @@
 //!   conversion or `fma`; added last, so that the strip's q . k products
 //!   need not wait for its bias rows), with
 //!   the mask `m_ij` exactly 0 within a region and `mh = f16(-100 /
-//!   scale)` across it (`mh` plus one-hot region rows times one-hot key
-//!   rows, `-mh` where the regions agree, a 16x16x8 step on the matrix
-//!   unit, `ONEHOT`, for windows of up to
+//!   scale)` across it (one-hot region rows of the queries, `mh` in the
+//!   column of the row's region, times the keys' complementary rows, 1 in
+//!   every column but the key's region: a 16x16x8 step on the matrix
+//!   unit from zero, one nonzero product at most, `ONEHOT`, for windows of
+//!   up to
 //!   [`ATTN_ONEHOT_REGIONS`] regions where `mh` is finite, `scale` above
 //!   about 2^-9.4; none for a window of one region), so
 //!   `scale a` is `z = scale s + bias + mask` up to the accumulation's
@@ -326,8 +328,11 @@ fn mask_mode(lab: *const i32) -> u8 {
     }
 }
 
-/// Writes the window's one-hot key tile: row `j` holds 1 in column
-/// `labels[j]`, 0 elsewhere. Every thread of the workgroup calls it; a
+/// Writes the window's complementary one-hot key tile: row `j` holds 0 in
+/// column `labels[j]`, 1 elsewhere (so the one-hot query rows times it is
+/// `mh` across regions and 0 within one, from a zero accumulator: started
+/// from a splat of `mh` instead, every tile's step took four register
+/// copies of it on NVIDIA). Every thread of the workgroup calls it; a
 /// barrier follows.
 ///
 /// # Safety
@@ -344,7 +349,7 @@ unsafe fn write_onehot(lab: *const i32, oh: *mut u16) {
         let l = unsafe { lab.add(j).read() } as u32;
         let mut w = [0u32; 4];
         for (x, w) in w.iter_mut().enumerate() {
-            let h = |c: u32| if c == l { H1 } else { 0 };
+            let h = |c: u32| if c == l { 0 } else { H1 };
             *w = h(2 * x as u32) | (h(2 * x as u32 + 1) << 16);
         }
         // SAFETY: row j of the tile, one 16-byte piece.
@@ -429,8 +434,8 @@ struct Scale<M: Mma> {
     dhi: M::D,
     dlo: M::D,
     c: f32,
-    /// The mask value in units of `1 / scale`, as f16 bits (where the
-    /// one-hot product starts).
+    /// The mask value in units of `1 / scale`, as f16 bits (the one-hot
+    /// query rows' nonzero).
     mh: u16,
 }
 
@@ -669,18 +674,17 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
         // Per 16-key tile, in units of 1 / scale: the bias times the two
         // diagonals, then q . k, on the matrix unit; the mask added; the
         // max of each of the lane's rows (one chain).
-        // The one-hot rows of the strip's queries: `-mh` in the column of
-        // the row's region, so that their product with the keys' one-hot
-        // rows, added to `mh`, is exactly 0 within a region and `mh` across.
-        let (aoh, mh) = if MODE == ONEHOT {
-            let a = M::a8_of(|i, c| {
+        // The one-hot rows of the strip's queries: `mh` in the column of
+        // the row's region, so that their product with the keys'
+        // complementary rows is exactly 0 within a region and `mh` across.
+        let aoh = if MODE == ONEHOT {
+            M::a8_of(|i, c| {
                 // SAFETY: row r0 + i < 144 of the labels.
                 let li = unsafe { l.labels.add(r0 + i as usize).read() } as u32;
-                if c == li { k.mh ^ 0x8000 } else { 0 }
-            });
-            (a, M::splat(gpu::h2f(k.mh)))
+                if c == li { k.mh } else { 0 }
+            })
         } else {
-            (M::a8_of(|_, _| 0), M::zero())
+            M::a8_of(|_, _| 0)
         };
         let mut s = [M::zero(); STRIPS];
         let mut mx = [f32::NEG_INFINITY; MAX_ROWS];
@@ -692,7 +696,7 @@ fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: 
             let acc = if MODE == ONEHOT {
                 // SAFETY: rows 16n..16n + 16 of the one-hot key tile.
                 let koh = unsafe { M::load_b8_t(l.onehot, 16 * n, 0) };
-                M::mma8(aoh, koh, mh)
+                M::mma8(aoh, koh, M::zero())
             } else {
                 M::zero()
             };

@@ -86,14 +86,22 @@ unsafe fn load_x4<const TRANS: bool>(
     rows: [u32; 4],
     cols: [u32; 4],
 ) -> [u32; 4] {
-    if t.quads() && col0 % 32 == 16 {
-        let (a, off) = (row_addr(t, 0, col0 - 16, rows, cols), row0 * t.stride());
+    if t.quads() {
+        // The second 16-column half by bit 5 (XOR 32 bytes); the first
+        // with the same rows-0 register: through `row_addr` at `row0`, the
+        // k tile's nine row blocks took nine address registers (and their
+        // set-up per window) in sm_90 SASS.
+        let x = if col0 % 32 == 16 { 32 } else { 0 };
+        let (a, off) = (
+            row_addr(t, 0, col0 - x as usize / 2, rows, cols),
+            row0 * t.stride(),
+        );
         // SAFETY: caller contract; the moved address is the row to read.
         return unsafe {
             if TRANS {
-                imp::ldmatrix_x4_trans_x(a, 32, off)
+                imp::ldmatrix_x4_trans_x(a, x, off)
             } else {
-                imp::ldmatrix_x4_x(a, 32, off)
+                imp::ldmatrix_x4_x(a, x, off)
             }
         };
     }
