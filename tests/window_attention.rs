@@ -32,7 +32,10 @@
 //! 65,535 windows (eighteenth session): a split that drops the type or the
 //! slot table's offset; since the key rows of the mask step became
 //! complementary one-hot rows from a zero start (nineteenth session): the
-//! key rows plain one-hot, the query rows' `mh` negated. Not caught here: the
+//! key rows plain one-hot, the query rows' `mh` negated; since the mask
+//! mode reads the labels in 16-byte pieces: the mode from the first 128
+//! labels only, or its one-hot range check from them only (wave32). Not
+//! caught here: the
 //! wave barrier between the copy wait and the buffer reads (the
 //! emulator's copies are synchronous); that is racecheck's. Rows with NaN
 //! / +inf scores or only -inf must be NaN. Outputs are poisoned before
@@ -425,6 +428,30 @@ fn masks_at_the_smallest_scales() {
         for dev in devices() {
             check(&dev, &c).unwrap_or_else(|e| panic!("scale {scale}: {e}"));
         }
+    }
+}
+
+#[test]
+fn every_label_decides_the_mask_mode() {
+    // Windows whose labels differ only in their last pieces: all one
+    // region but token 143 (or 128), and eight regions in tokens 0..8 with
+    // a ninth first at token 143 (more than the one-hot columns). A mask
+    // mode read from fewer labels calls the first two unmasked and the
+    // third one-hot. Fails (emulator, each swapped in once) with the mode,
+    // or only its one-hot range check, read from the first 128 labels
+    // (wave32).
+    let mut c = make_case(44, 3, 2, 1, Some(3), 1.5, false, 0);
+    let labels = (0..3 * T)
+        .map(|x| match (x / T, x % T) {
+            (0, 143) | (2, 128) => 1,
+            (1, t) if t < 8 => t as i32,
+            (1, 143) => 8,
+            _ => 0,
+        })
+        .collect();
+    c.mask = Some((labels, vec![0, 1, 2], 3));
+    for dev in devices() {
+        check(&dev, &c).unwrap_or_else(|e| panic!("{e}"));
     }
 }
 

@@ -24,8 +24,8 @@
 //!   ([`Mma::add_scaled`]: the bias times a diagonal, no per-element
 //!   conversion or `fma`; added last, so that the strip's q . k products
 //!   need not wait for its bias rows), with
-//!   the mask `m_ij` exactly 0 within a region and `mh = f16(-100 /
-//!   scale)` across it (one-hot region rows of the queries, `mh` in the
+//!   the mask `m_ij` exactly 0 within a region and `mh = f16(-100 f32(1
+//!   / scale))` across it (one-hot region rows of the queries, `mh` in the
 //!   column of the row's region, times the keys' complementary rows, 1 in
 //!   every column but the key's region: a 16x16x8 step on the matrix
 //!   unit from zero, one nonzero product at most, `ONEHOT`, for windows of
@@ -303,19 +303,26 @@ unsafe fn copy_labels(src: *const i32, dst: *mut i32) {
 /// [`LABELS`].
 #[inline(always)]
 fn mask_mode(lab: *const i32) -> u8 {
-    let ws = gpu::wave_size();
-    let lane = gpu::thread_id() % ws;
+    const PIECES: usize = T / 4;
+    let ws = gpu::wave_size() as usize;
+    let lane = gpu::thread_id() as usize % ws;
     // SAFETY: labels 0..144 of the window (workgroup memory).
     let l0 = unsafe { lab.read() };
     let (mut differ, mut above) = (false, false);
-    // 32-bit indices: `usize` ones cost 64-bit compares per label.
-    let mut t = lane;
-    while t < T as u32 {
-        // SAFETY: as above.
-        let l = unsafe { lab.add(t as usize).read() };
-        differ |= l != l0;
-        above |= !(0..REGIONS as i32).contains(&l);
-        t += ws;
+    // The labels in 16-byte pieces, at most two per lane in a constant
+    // count: as a loop over single labels (four or five per lane, with a
+    // remainder), the mode took about 3% of the kernel's stall samples
+    // on the H200 (BENCHMARKS.md, nineteenth session).
+    for k in 0..PIECES.div_ceil(ws) {
+        let p = lane + k * ws;
+        if p < PIECES {
+            // SAFETY: piece p of the labels (16-byte aligned).
+            let v = unsafe { load8_bits(lab.add(4 * p).cast()) };
+            for l in v.0 {
+                differ |= l as i32 != l0;
+                above |= l >= REGIONS;
+            }
+        }
     }
     // One vote each (a butterfly of shuffles over the lanes was slower
     // on the H200: BENCHMARKS.md, seventeenth session).
@@ -662,8 +669,14 @@ fn store_rows<M: Mma>(
 /// staging).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-fn strips<M: Mma, const MODE: u8>(a: &Args, l: Tiles, wave: usize, w: usize, h: usize) {
-    let k = Scale::<M>::of(a.scale);
+fn strips<M: Mma, const MODE: u8>(
+    a: &Args,
+    l: Tiles,
+    k: Scale<M>,
+    wave: usize,
+    w: usize,
+    h: usize,
+) {
     let mut redo = 0u32;
     let mut strip = wave;
     while strip < STRIPS {
@@ -798,6 +811,12 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         // SAFETY: one workgroup per (window, head) (caller).
         unsafe { copy(&a, lay, lds, w, h) };
         let (ty, sl) = lookup();
+        // The masked entry's scale constants while the copies are in
+        // flight: its mode needs `mh` right after the barrier (computed
+        // there, they were each window's start); the unmasked entry was
+        // faster with them after the barrier (BENCHMARKS.md, nineteenth
+        // session).
+        let early = MASK.then(|| Scale::<M>::of(a.scale));
         if MASK {
             // SAFETY: `lookup` trapped on slots out of range; the slot's
             // labels lie in `labels` (caller).
@@ -819,6 +838,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
             unsafe { add_qkv_bias(&a, lay, lds, h) };
         }
         gpu::barrier();
+        let k = early.unwrap_or_else(|| Scale::<M>::of(a.scale));
         let l = Tiles {
             q: lay.qkv(lds, 0),
             k: lay.qkv(lds, 1),
@@ -837,18 +857,18 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         // finite f16 (scale above about 2^-9.4); smaller scales take the
         // exact path.
         let mode = match if MASK { mask_mode(lab) } else { NO_MASK } {
-            ONEHOT if !gpu::h2f(gpu::f2h(ATTN_MASK_NEG / a.scale)).is_finite() => LABELS,
+            ONEHOT if !gpu::h2f(k.mh).is_finite() => LABELS,
             m => m,
         };
         match mode {
-            NO_MASK => strips::<M, NO_MASK>(&a, l, wave, w, h),
+            NO_MASK => strips::<M, NO_MASK>(&a, l, k, wave, w, h),
             ONEHOT => {
                 // SAFETY: the labels are in 0..REGIONS (mask_mode); the tile
                 // is the workgroup's. The mode is the workgroup's, so every
                 // thread reaches the barrier.
                 unsafe { write_onehot(lab, oh) };
                 gpu::barrier();
-                strips::<M, ONEHOT>(&a, l, wave, w, h)
+                strips::<M, ONEHOT>(&a, l, k, wave, w, h)
             }
             _ => {
                 // More regions than one-hot columns (not Pangu's or Swin's

@@ -25,7 +25,7 @@
 //!   matrix unit (f16 products, all exact; hardware order): `a = mask' +
 //!   bias (dh + dl) + q . k`, with `dh = f16(1 / scale)`, `dl = f16(1 /
 //!   scale - dh)` (`dh + dl` within `2^-22` of `1 / scale`) and the mask
-//!   as `mask' = f16(-100 / scale)` across regions, exactly 0 within one
+//!   as `mask' = f16(-100 f32(1 / scale))` across regions, exactly 0 within one
 //!   (for windows of up to 8 regions, and `scale` where `mask'` is a
 //!   finite f16: above about 2^-9.4; q is not pre-scaled);
 //! - `m = max a`, `e = exp(scale (a - m))` (the hardware `exp2` of
