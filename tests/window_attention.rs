@@ -434,12 +434,12 @@ fn masks_at_the_smallest_scales() {
 #[test]
 fn every_label_decides_the_mask_mode() {
     // Windows whose labels differ only in their last pieces: all one
-    // region but token 143 (or 128), and eight regions in tokens 0..8 with
-    // a ninth first at token 143 (more than the one-hot columns). A mask
-    // mode read from fewer labels calls the first two unmasked and the
-    // third one-hot. Fails (emulator, each swapped in once) with the mode,
-    // or only its one-hot range check, read from the first 128 labels
-    // (wave32).
+    // region but token 143 (window 0) or 128 (window 2), and eight regions
+    // in tokens 0..8 with a ninth first at token 143 (window 1: more than
+    // the one-hot columns). A mask mode read from fewer labels calls
+    // windows 0 and 2 unmasked and window 1 one-hot. Fails (emulator, each
+    // swapped in once) with the mode, or only its one-hot range check,
+    // read from the first 128 labels (wave32).
     let mut c = make_case(44, 3, 2, 1, Some(3), 1.5, false, 0);
     let labels = (0..3 * T)
         .map(|x| match (x / T, x % T) {
