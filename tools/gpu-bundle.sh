@@ -118,6 +118,14 @@ if has profile; then
   "$here/profile.sh" "$out/profile" "${WAVEFUSE_PROFILE_KERNELS:-}"
 fi
 if has bench; then
+# The SM clock while the harness and peers run: the same build measured up
+# to 3% apart on different H200 hosts of one day (BENCHMARKS.md, twentieth
+# session), so each run records the clocks it had.
+smi_pid=""
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv,noheader,nounits -lms 250 > "$out/clocks.csv" 2>/dev/null & smi_pid=$!
+fi
 args=(); [ "$mode" = quick ] && args=(--reps 30)
 [ -n "${WAVEFUSE_BENCH_ONLY:-}" ] && args+=(--only "$WAVEFUSE_BENCH_ONLY")  # one kernel family
 "$here/bin/wavefuse-suite" --backend cuda --out "$out/harness" "${args[@]}" 2>"$out/harness.err" | tee "$out/harness.txt"
@@ -130,6 +138,19 @@ if [ -f "$here/peers.py" ] && [ "$mode" != nopeers ]; then
   # peers process, on torch.compile's own tensors (impl "wavefuse").
   PYTHONUNBUFFERED=1 python3 "$here/peers.py" --out "$out/harness/peers.jsonl" $([ "$mode" = quick ] && echo --quick) --wavefuse-ptx "$here/ptx/wavefuse_sm_90.ptx" "${peer_flags[@]}" > "$out/peers.txt" 2>"$out/peers.err"
   [ -f "$here/compare.py" ] && python3 "$here/compare.py" "$out/harness/results.jsonl" "$out/harness/peers.jsonl" | tee "$out/compare.md"
+fi
+if [ -n "$smi_pid" ]; then
+  kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null
+  # Samples above 1 GHz (the idle clock is 345 MHz on the H200): busy ones.
+  busy=$(awk -F', *' '$2 > 1000 { print $2 }' "$out/clocks.csv" | sort -n)
+  n=$(printf '%s\n' "$busy" | grep -c . || true)
+  if [ "$n" -gt 0 ]; then
+    extra=$(awk -F', *' '$2 > 1000 { n++; t += $5; if ($6 != "0x0000000000000000") o++ }
+      END { printf "%.0f C mean, %d with a clock event reason set", t / n, o }' "$out/clocks.csv")
+    echo "clocks: SM $(printf '%s\n' "$busy" | sed -n "$(( (n + 1) / 2 ))p") MHz median ($(printf '%s\n' "$busy" | head -1)-$(printf '%s\n' "$busy" | tail -1)) over $n busy samples of 250 ms, $extra" | tee -a "$out/meta.txt"
+  else
+    echo "clocks: no busy samples" | tee -a "$out/meta.txt"
+  fi
 fi
 fi
 # At most a few files come back from a device run: pack everything.

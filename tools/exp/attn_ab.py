@@ -1,7 +1,7 @@
 """A/B timing of window-attention PTX builds in one process on one GPU.
 
     python3 attn_ab.py NAME=PATH.ptx[@BYTES][#1d|#2d] [...] [--qkv-bias] [--compile]
-                       [--reps N] [--out FILE.jsonl]
+                       [--slot-maps] [--reps N] [--out FILE.jsonl]
 
 A build is an sm_90 PTX of the device crate (`host/kernels/sm_90.ptx` of a
 commit, or `cargo xtask kernels` in a worktree). For each build, both
@@ -12,6 +12,10 @@ tensors, with `--qkv-bias` also with a random QKV bias [3C]. Each timing
 is the median of N launches over two input sets, queued behind a sleep
 kernel (peers.py's method); a same-byte device copy is timed in the same
 process, and `--compile` adds torch.compile of PyTorch's unfused chain.
+`--slot-maps` also times each build's masked entry with every window in
+slot 0 (one region: no window masked) and with every window masked (slot
+`1 + w % 7`), to split the entry's time by window kind (BENCHMARKS.md,
+twentieth session).
 
 Every variant's output is checked once against the f64 attention of 40
 windows and 24 masked ones, with the bound of window_attention's module
@@ -105,6 +109,9 @@ def main():
     ap.add_argument("--compile", action="store_true", help="also torch.compile of PyTorch's chain")
     ap.add_argument("--reps", type=int, default=50, help="timed launches per variant (default 50)")
     ap.add_argument("--out", default=None, help="JSON lines: one record per variant and shape")
+    ap.add_argument("--slot-maps", action="store_true",
+                    help="also each build's masked entry with every window in slot 0 (one region: no mask) "
+                         "and with every window masked (slot 1 + w % 7)")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     builds = []
@@ -178,6 +185,26 @@ def main():
                         log(f"    {name:<28} {med:9.1f} us  {nbytes / med / 1e3:7.0f} GB/s")
                         emit(kind="time", shape=shape, impl=name, median_us=med, raw_us=raw, bytes=nbytes, **a)
                     except Exception as e:  # a failed variant must not hide the others
+                        log(f"    {name} FAILED: {type(e).__name__}: {e}")
+                        emit(kind="error", shape=shape, impl=name, error=f"{type(e).__name__}: {e}")
+                    torch.cuda.empty_cache()
+            if args.slot_maps:
+                w_idx = torch.arange(windows, device="cuda")
+                for tag, sl_v in (("s0", torch.zeros_like(sl)), ("sall", 1 + w_idx % 7)):
+                    name = f"{bname}_mask_{tag}"
+                    fn = wf_launch.window_attention(drv, windows, heads, n_types, peers.N_SLOTS,
+                                                    name=ENTRIES[0][1])
+                    sets_v = [st[:4] + (sl_v,) + st[5:] for st in sets]
+                    try:
+                        out = fn(*sets_v[0])
+                        torch.cuda.synchronize()
+                        ref, tol = reference(qkv0, bias0, mask0, ty, sl_v, windows, heads, sub)
+                        a = check(name, out, ref, tol, windows, heads, sub)
+                        del out
+                        med, raw = timeit(fn, sets_v)
+                        log(f"    {name:<28} {med:9.1f} us  {nbytes / med / 1e3:7.0f} GB/s")
+                        emit(kind="time", shape=shape, impl=name, median_us=med, raw_us=raw, bytes=nbytes, **a)
+                    except Exception as e:
                         log(f"    {name} FAILED: {type(e).__name__}: {e}")
                         emit(kind="error", shape=shape, impl=name, error=f"{type(e).__name__}: {e}")
                     torch.cuda.empty_cache()
