@@ -141,16 +141,13 @@ if [ -f "$here/peers.py" ] && [ "$mode" != nopeers ]; then
 fi
 if [ -n "$smi_pid" ]; then
   kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null
-  # Samples above 1 GHz (the idle clock is 345 MHz on the H200): busy ones.
-  busy=$(awk -F', *' '$2 > 1000 { print $2 }' "$out/clocks.csv" | sort -n)
-  n=$(printf '%s\n' "$busy" | grep -c . || true)
-  if [ "$n" -gt 0 ]; then
-    extra=$(awk -F', *' '$2 > 1000 { n++; t += $5; if ($6 != "0x0000000000000000") o++ }
-      END { printf "%.0f C mean, %d with a clock event reason set", t / n, o }' "$out/clocks.csv")
-    echo "clocks: SM $(printf '%s\n' "$busy" | sed -n "$(( (n + 1) / 2 ))p") MHz median ($(printf '%s\n' "$busy" | head -1)-$(printf '%s\n' "$busy" | tail -1)) over $n busy samples of 250 ms, $extra" | tee -a "$out/meta.txt"
-  else
-    echo "clocks: no busy samples" | tee -a "$out/meta.txt"
-  fi
+  # Samples above 1 GHz (the idle clock is 345 MHz on the H200): busy ones,
+  # sorted by SM clock for the median.
+  awk -F', *' '$2 > 1000' "$out/clocks.csv" | sort -t, -k2,2n | awk -F', *' '
+    { c[NR] = $2; t += $5; if ($6 != "0x0000000000000000") o++ }
+    END { if (!NR) { print "clocks: no busy samples"; exit }
+          printf "clocks: SM %d MHz median (%d-%d) over %d busy samples of 250 ms, %.0f C mean, %d with a clock event reason set\n",
+                 c[int((NR + 1) / 2)], c[1], c[NR], NR, t / NR, o }' | tee -a "$out/meta.txt"
 fi
 fi
 # At most a few files come back from a device run: pack everything.

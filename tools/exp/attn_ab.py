@@ -169,45 +169,37 @@ def main():
             x = (qkv0 + qb) if with_qb else qkv0  # f16 + f16 -> f16, rounded: the kernel's f16(x + b)
             refs[with_qb] = {"mask": reference(x, bias0, mask0, ty, sl, windows, heads, sub),
                              "nomask": reference(x, bias0, torch.zeros_like(mask0), ty, sl, windows, heads, sub)}
+        slot_maps = []
+        if args.slot_maps:
+            w_idx = torch.arange(windows, device="cuda")
+            for tag, sl_v in (("s0", torch.zeros_like(sl)), ("sall", 1 + w_idx % 7)):
+                slot_maps.append((tag, [st[:4] + (sl_v,) + st[5:] for st in sets],
+                                  reference(qkv0, bias0, mask0, ty, sl_v, windows, heads, sub)))
+
+        def measure(name, fn, sets_v, ref_tol):
+            """Checks `fn`'s output on the first set against `ref_tol`, then times it."""
+            try:
+                out = fn(*sets_v[0])
+                torch.cuda.synchronize()
+                a = check(name, out, *ref_tol, windows, heads, sub)
+                del out
+                med, raw = timeit(fn, sets_v)
+                log(f"    {name:<28} {med:9.1f} us  {nbytes / med / 1e3:7.0f} GB/s")
+                emit(kind="time", shape=shape, impl=name, median_us=med, raw_us=raw, bytes=nbytes, **a)
+            except Exception as e:  # a failed variant must not hide the others
+                log(f"    {name} FAILED: {type(e).__name__}: {e}")
+                emit(kind="error", shape=shape, impl=name, error=f"{type(e).__name__}: {e}")
+            torch.cuda.empty_cache()
+
         for bname, drv in builds:
             for with_qb in refs:
                 for kind, entry in ENTRIES:
-                    name = f"{bname}_{kind}" + ("_qb" if with_qb else "")
                     fn = wf_launch.window_attention(drv, windows, heads, n_types, peers.N_SLOTS, name=entry,
                                                     qkv_bias=qb if with_qb else None)
-                    try:
-                        out = fn(*sets[0])
-                        torch.cuda.synchronize()
-                        ref, tol = refs[with_qb][kind]
-                        a = check(name, out, ref, tol, windows, heads, sub)
-                        del out
-                        med, raw = timeit(fn, sets)
-                        log(f"    {name:<28} {med:9.1f} us  {nbytes / med / 1e3:7.0f} GB/s")
-                        emit(kind="time", shape=shape, impl=name, median_us=med, raw_us=raw, bytes=nbytes, **a)
-                    except Exception as e:  # a failed variant must not hide the others
-                        log(f"    {name} FAILED: {type(e).__name__}: {e}")
-                        emit(kind="error", shape=shape, impl=name, error=f"{type(e).__name__}: {e}")
-                    torch.cuda.empty_cache()
-            if args.slot_maps:
-                w_idx = torch.arange(windows, device="cuda")
-                for tag, sl_v in (("s0", torch.zeros_like(sl)), ("sall", 1 + w_idx % 7)):
-                    name = f"{bname}_mask_{tag}"
-                    fn = wf_launch.window_attention(drv, windows, heads, n_types, peers.N_SLOTS,
-                                                    name=ENTRIES[0][1])
-                    sets_v = [st[:4] + (sl_v,) + st[5:] for st in sets]
-                    try:
-                        out = fn(*sets_v[0])
-                        torch.cuda.synchronize()
-                        ref, tol = reference(qkv0, bias0, mask0, ty, sl_v, windows, heads, sub)
-                        a = check(name, out, ref, tol, windows, heads, sub)
-                        del out
-                        med, raw = timeit(fn, sets_v)
-                        log(f"    {name:<28} {med:9.1f} us  {nbytes / med / 1e3:7.0f} GB/s")
-                        emit(kind="time", shape=shape, impl=name, median_us=med, raw_us=raw, bytes=nbytes, **a)
-                    except Exception as e:
-                        log(f"    {name} FAILED: {type(e).__name__}: {e}")
-                        emit(kind="error", shape=shape, impl=name, error=f"{type(e).__name__}: {e}")
-                    torch.cuda.empty_cache()
+                    measure(f"{bname}_{kind}" + ("_qb" if with_qb else ""), fn, sets, refs[with_qb][kind])
+            for tag, sets_v, ref_tol in slot_maps:
+                fn = wf_launch.window_attention(drv, windows, heads, n_types, peers.N_SLOTS, name=ENTRIES[0][1])
+                measure(f"{bname}_mask_{tag}", fn, sets_v, ref_tol)
         half = -(-(nbytes // 2) // 2)
         cs = [(torch.empty(half, device="cuda", dtype=torch.float16),
                torch.full((half,), 1.5, device="cuda", dtype=torch.float16)) for _ in range(2)]
@@ -225,7 +217,7 @@ def main():
             med, raw = timeit(chain, sets)
             log(f"    {'torch.compile chain':<28} {med:9.1f} us")
             emit(kind="time", shape=shape, impl="compile", median_us=med, raw_us=raw, bytes=nbytes, **a)
-        del sets, refs
+        del sets, refs, slot_maps
         torch.cuda.empty_cache()
     log("done")
 
