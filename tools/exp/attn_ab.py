@@ -122,13 +122,14 @@ def main():
         path, _, shared = path.partition("@")
         if not path or grid not in ("", "1d", "2d"):
             ap.error(f"{b}: expected NAME=PATH.ptx[@BYTES][#1d|#2d]")
-        if path not in drivers:
-            drivers[path] = wf_launch.Driver(path)
-            drivers[path].shared = int(shared) if shared else wf_launch.ATTN_SHARED_BYTES
-            drivers[path].grid1d = grid == "1d"
-        builds.append((name, drivers[path]))
+        key = (path, shared, grid)
+        if key not in drivers:
+            drivers[key] = wf_launch.Driver(path)
+            drivers[key].shared = int(shared) if shared else wf_launch.ATTN_SHARED_BYTES
+            drivers[key].grid1d = grid == "1d"
+        builds.append((name, drivers[key]))
     ahead = peers.Ahead(True)
-    for path, drv in drivers.items():
+    for (path, *_), drv in drivers.items():
         for _, entry in ENTRIES:
             n = ctypes.c_int()
             f = drv.func(entry)
