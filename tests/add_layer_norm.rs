@@ -163,6 +163,37 @@ proptest! {
 }
 
 #[test]
+fn deep_cancellation_through_the_sum() {
+    // `rows::deep_cancellation` as the rounded sum (`branch` 0, so `r` is
+    // the row), in place and not: the add+LayerNorm entries' own tier 3
+    // (at 192 a separate function, out of line on NVIDIA:
+    // device/src/kernels/layer_norm.rs `refine_row`) must get every output
+    // within an ulp.
+    for (i, &w) in WIDTHS.iter().enumerate() {
+        let mut rng = Rng(0xADDE + i as u64);
+        let (row, gamma, beta) = common::rows::deep_cancellation(&mut rng, w);
+        let residual: Vec<f16> = (0..9).flat_map(|_| row.clone()).collect();
+        let branch = vec![f16::ZERO; residual.len()];
+        let case = Case {
+            width: w,
+            rows: 9,
+            residual,
+            branch,
+            gamma: Some(gamma),
+            beta: Some(beta),
+            eps: 0.0,
+        };
+        for dev in devices() {
+            for in_place in [false, true] {
+                check(&dev, &case, in_place).unwrap_or_else(|e| {
+                    panic!("width {w} in place {in_place} on {}: {e}", dev.info().name)
+                });
+            }
+        }
+    }
+}
+
+#[test]
 fn big_row_counts_all_widths_both_modes() {
     for (i, &w) in WIDTHS.iter().enumerate() {
         for affine_kind in [None, Some(0), Some(2)] {

@@ -157,38 +157,13 @@ fn affine_outputs_that_cancel_exactly() {
 
 #[test]
 fn deep_cancellation_on_ill_conditioned_rows() {
-    // Rows of two values one quantum apart at ~1024, unbalanced (so the
-    // variance is not exact in any f64 formula): K = mean^2 / var is about
-    // 2^22. Each column's gamma (|gamma| in 2^10..2^15) is the f16 for
-    // which `gamma * o` lies nearest the f16 grid, and `beta = -f16(gamma *
-    // o)`: the outputs are 2^-20 to 2^-26 of `|gamma o|`. A one-pass
-    // variance `S2/W - mean^2` is then off by more than an ulp (tier 2 of
-    // device/src/kernels/ln_affine.rs must hand these to tier 3).
+    // `rows::deep_cancellation`: K about 2^22, outputs 2^-20 to 2^-26 of
+    // `|gamma o|`; a one-pass variance `S2/W - mean^2` is then off by more
+    // than an ulp (tier 2 of device/src/kernels/ln_affine.rs must hand
+    // these to tier 3).
     for (i, &w) in WIDTHS.iter().enumerate() {
         let mut rng = Rng(0xDEE9 + i as u64);
-        let a = f16::from_f64(1024.0 + rng.below(512) as f64);
-        let b = f16::from_f64(a.to_f64() + 1.0);
-        let n_a = w / 2 + 4 + rng.below(8) as usize;
-        let mut row: Vec<f16> = (0..w).map(|j| if j < n_a { a } else { b }).collect();
-        for j in (1..w).rev() {
-            row.swap(j, rng.below(j as u64 + 1) as usize);
-        }
-        let o = common::oracle::layer_norm_row(&row, None, None, 0.0);
-        let mut gamma = Vec::with_capacity(w);
-        let mut beta = Vec::with_capacity(w);
-        for &oj in &o {
-            let mut best = (f64::INFINITY, f16::ONE);
-            for bits in 0x6400u16..0x7800 {
-                let g = f16::from_bits(bits);
-                let go = g.to_f64() * oj;
-                let r = (f16::from_f64(go).to_f64() - go).abs() / go.abs();
-                if r < best.0 {
-                    best = (r, g);
-                }
-            }
-            gamma.push(best.1);
-            beta.push(-f16::from_f64(best.1.to_f64() * oj));
-        }
+        let (row, gamma, beta) = common::rows::deep_cancellation(&mut rng, w);
         let x: Vec<f16> = (0..9).flat_map(|_| row.clone()).collect();
         let case = Case {
             width: w,

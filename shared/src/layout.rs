@@ -132,6 +132,12 @@ impl RowLayout {
 /// measured faster on the H200 (BENCHMARKS.md, eleventh session).
 pub const ADD_LN_AFFINE_192_BLOCK: u32 = 128;
 
+/// Workgroups of [`ADD_LN_AFFINE_192_BLOCK`] threads per SM the NVIDIA
+/// build's register budget is set for: 32 registers, 64 warps per SM. The
+/// entry's refinement runs as a real call there (`out_of_line!`), so the
+/// fast path fits without spilling (BENCHMARKS.md, twenty-second session).
+pub const ADD_LN_AFFINE_192_MIN_BLOCKS_SM: u32 = 16;
+
 /// Launch shape of the add+LayerNorm kernels: the 32-lane [`RowLayout::wide`]
 /// layout, `rows_per_group` rows per 32-lane group (their loads all in
 /// flight before the reductions, which run interleaved), `block` threads

@@ -245,3 +245,38 @@ pub fn add_inputs(rng: &mut Rng, rows: usize, w: usize) -> (Vec<f16>, Vec<f16>) 
     }
     (res, br)
 }
+
+/// A row of two values one quantum apart at about 1024, unbalanced (so
+/// the variance is not exact in any f64 formula: `K = mean^2 / var` is
+/// about 2^22), with affine parameters that cancel it deeply: each
+/// column's gamma (`|gamma|` in 2^10..2^15) is the f16 for which `gamma *
+/// o` lies nearest the f16 grid, and `beta = -f16(gamma * o)`, so the
+/// outputs are 2^-20 to 2^-26 of `|gamma o|`. Only the exact-variance tier
+/// of the affine refinement gets these within an ulp (with eps 0).
+#[allow(dead_code)] // not every suite that includes `common` uses it
+pub fn deep_cancellation(rng: &mut Rng, w: usize) -> (Vec<f16>, Vec<f16>, Vec<f16>) {
+    let a = f16::from_f64(1024.0 + rng.below(512) as f64);
+    let b = f16::from_f64(a.to_f64() + 1.0);
+    let n_a = w / 2 + 4 + rng.below(8) as usize;
+    let mut row: Vec<f16> = (0..w).map(|j| if j < n_a { a } else { b }).collect();
+    for j in (1..w).rev() {
+        row.swap(j, rng.below(j as u64 + 1) as usize);
+    }
+    let o = oracle::layer_norm_row(&row, None, None, 0.0);
+    let mut gamma = Vec::with_capacity(w);
+    let mut beta = Vec::with_capacity(w);
+    for &oj in &o {
+        let mut best = (f64::INFINITY, f16::ONE);
+        for bits in 0x6400u16..0x7800 {
+            let g = f16::from_bits(bits);
+            let go = g.to_f64() * oj;
+            let r = (f16::from_f64(go).to_f64() - go).abs() / go.abs();
+            if r < best.0 {
+                best = (r, g);
+            }
+        }
+        gamma.push(best.1);
+        beta.push(-f16::from_f64(best.1.to_f64() * oj));
+    }
+    (row, gamma, beta)
+}

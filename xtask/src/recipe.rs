@@ -49,7 +49,9 @@ pub const KERNEL_FLAGS: &[&str] = &["-Cllvm-args=-unroll-threshold=1000"];
 /// take 64-68 registers with their refinement tiers: they are held to 56
 /// in `LN_AFFINE_BLOCK`-thread workgroups (18 per SM), the 256-thread
 /// ones to 64 (4 per SM); both measured faster than without bounds on the
-/// H200 (BENCHMARKS.md, ninth and eleventh sessions).
+/// H200 (BENCHMARKS.md, ninth and eleventh sessions). The 192-wide affine
+/// add+LayerNorm, whose refinement is a real call on NVIDIA, is held to 32
+/// (64 warps per SM; twenty-second session).
 pub const PTX_LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     (
         "wf_window_attention_",
@@ -70,6 +72,11 @@ pub const PTX_LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
         "wf_add_layer_norm_gather_affine_",
         wavefuse_shared::ROW_BLOCK,
         wavefuse_shared::ROW_AFFINE_MIN_BLOCKS_SM,
+    ),
+    (
+        "wf_add_layer_norm_affine_192",
+        wavefuse_shared::ADD_LN_AFFINE_192_BLOCK,
+        wavefuse_shared::ADD_LN_AFFINE_192_MIN_BLOCKS_SM,
     ),
     (
         "wf_add_layer_norm_affine_768",

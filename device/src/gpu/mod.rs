@@ -41,6 +41,20 @@ mod scalar;
 
 pub mod mma;
 
+/// A rare path as its own function: a real call on NVIDIA (`#[inline(never)]`:
+/// ptxas allocates the caller's fast path without the callee's state),
+/// inlined elsewhere (a call on gfx9 needs a stack in scratch memory; the
+/// host build is the emulator, where inlining changes nothing). The same
+/// source runs on every target.
+#[macro_export]
+macro_rules! out_of_line {
+    ($item:item) => {
+        #[cfg_attr(target_arch = "nvptx64", inline(never))]
+        #[cfg_attr(not(target_arch = "nvptx64"), inline(always))]
+        $item
+    };
+}
+
 pub use wavefuse_shared::Target;
 
 /// The instruction set of this build.

@@ -165,9 +165,18 @@ pub unsafe fn add_layer_norm<
         };
         // SAFETY: where active, row < rows: the rows lie inside
         // residual_out and y; affine vectors in bounds.
-        unsafe { normalise_store::<W, L, NV, AFFINE>(&v[r], st, rs, precise, io, gamma, beta, eps, lane) };
+        unsafe { normalise_store::<W, L, NV, AFFINE>(&v[r], st, rs, precise, io, gamma, beta, eps, lane, rare_call(W)) };
         }
     });
+}
+
+/// Whether the affine entry of width `w` runs its refinement as a call
+/// (`normalise_store`'s `rare_call`): the 192-wide one, which the NVIDIA
+/// build holds to 32 registers
+/// ([`wavefuse_shared::ADD_LN_AFFINE_192_MIN_BLOCKS_SM`]). At 384 and 768
+/// the inline tiers fit the entries' budgets as they are.
+const fn rare_call(w: usize) -> bool {
+    w == 192
 }
 
 /// The launch shape of one width in this build (see [`AddLnShape`]).

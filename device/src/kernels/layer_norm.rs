@@ -14,7 +14,7 @@
 use super::ln_affine::{
     KH_BETA, KH_GAMMA, care_bits, compact_flags, exact, exact_factor, expand_flags, refine,
 };
-use super::ln_stats::{RowSums, Stats, moments};
+use super::ln_stats::{RowSums, Stats, group_sum_f64_n, mean_of, moments};
 use crate::gpu;
 use crate::math;
 use crate::vec::{load8, load8_bits, pack8, store8, store8_bits, widen8};
@@ -74,7 +74,9 @@ pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AF
     };
     // SAFETY: where active, row < rows: the row lies inside x and y.
     unsafe {
-        normalise_store::<W, L, NV, AFFINE>(&v, st, sums, precise, io, gamma, beta, eps, lane)
+        normalise_store::<W, L, NV, AFFINE>(
+            &v, st, sums, precise, io, gamma, beta, eps, lane, false,
+        )
     };
 }
 
@@ -98,7 +100,9 @@ pub struct RowIo {
 /// it cancels ([`super::ln_affine`]; `sums` and `eps` serve that).
 ///
 /// Every lane of the wave must call it (with `AFFINE`, a wave vote and
-/// possibly group reductions); `io.active` says which lanes store.
+/// possibly group reductions); `io.active` says which lanes store. With
+/// `rare_call` (a constant of the entry) tiers 2 and 3 run in
+/// [`refine_row`], out of line on NVIDIA, and `sums` is not used.
 /// `io.x` and `io.y` must not overlap (the host checks it).
 ///
 /// # Safety
@@ -117,6 +121,7 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     beta: *const u16,
     eps: f32,
     lane: usize,
+    rare_call: bool,
 ) {
     let col = |k: usize| (k * L as usize + lane) * 8;
     if !AFFINE {
@@ -177,6 +182,17 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     // Rows without the row-precise statistics (a large offset, NaN, Inf):
     // every output through the f32-variance test, from reloaded inputs.
     let care = bits != 0 || (io.active && !precise);
+    if rare_call {
+        if gpu::wave_any(care) {
+            // SAFETY: as for this function.
+            unsafe {
+                refine_row::<W, L, NV>(
+                    care, bits, precise, io.x, io.y, io.active, gamma, beta, lane, st.rstd, eps,
+                )
+            };
+        }
+        return;
+    }
     let hard = if care {
         // SAFETY: care is set only on active lanes; their outputs lie
         // inside the row.
@@ -198,6 +214,83 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
             exact::<W, L>(hard, io, gamma, beta, lane, sums.sum, c);
         }
     }
+}
+
+crate::out_of_line! {
+/// Tiers 2 and 3 of [`normalise_store`] for a row group whose wave holds a
+/// flagged output (`care`, `bits`, `precise` as there), with the row's f64
+/// sums formed again from the reloaded inputs (the same values in the
+/// same order as [`super::ln_stats::row_sums`], so the same sums) rather
+/// than kept across the fast loop. Out of line on NVIDIA
+/// ([`crate::out_of_line`]): in the 192-wide affine add+LayerNorm the
+/// kept sums and the inline tiers cost the fast path 8 registers (40
+/// instead of 32) and a quarter of its warps per SM; as a call, held to
+/// 32 registers, the entry measured 1.014-1.016x the kernel before the
+/// exact path against 1.061-1.065x inline (BENCHMARKS.md, twenty-second
+/// session). The LayerNorm entries were slower this way at their bounds,
+/// so they keep the inline tiers. Every lane of the wave must call it.
+///
+/// # Safety
+/// As for [`normalise_store`] (`x`, `y`, `active` those of its `io`).
+#[allow(clippy::too_many_arguments)]
+unsafe fn refine_row<const W: usize, const L: u32, const NV: usize>(
+    care: bool,
+    bits: u32,
+    precise: bool,
+    x: *const u16,
+    y: *mut u16,
+    active: bool,
+    gamma: *const u16,
+    beta: *const u16,
+    lane: usize,
+    rstd: f32,
+    eps: f32,
+) {
+    // Scalar arguments rather than a `RowIo`: an aggregate argument went
+    // through the stack on NVIDIA, stored on the fast path.
+    let io = RowIo { x, y, active };
+    let (mut sum, mut sq) = (0.0f64, 0.0f64);
+    crate::unroll!(k in [0, 1, 2, 3] {
+        if k < NV && active && in_row::<W, L, NV>(k, lane) {
+            // SAFETY: the vector lies inside the row (caller contract).
+            let v = unsafe { load8(x.add((k * L as usize + lane) * 8)) };
+            for v in v {
+                let v = f64::from(v);
+                sum += v;
+                sq = gpu::fma_f64(v, v, sq);
+            }
+        }
+    });
+    let [sum, sq] = group_sum_f64_n::<L, 2>([sum, sq]);
+    let sums = RowSums { sum, sq };
+    let m = mean_of::<W>(sum);
+    let st = Stats {
+        rstd,
+        shift: -m.lo * rstd,
+        mean: m,
+    };
+    let hard = if care {
+        // SAFETY: care is set only on active lanes; their outputs lie
+        // inside the row.
+        unsafe {
+            let bits = if precise {
+                expand_flags(bits)
+            } else {
+                care_bits::<W, L, NV>(io, gamma, beta, lane, st)
+            };
+            refine::<W, L>(bits, io, gamma, beta, lane, sums, rstd, eps)
+        }
+    } else {
+        0
+    };
+    if gpu::wave_any(hard != 0) {
+        // SAFETY: io.x read only where active; bits as above.
+        unsafe {
+            let c = exact_factor::<W, L, NV>(x, sum, rstd, eps, lane, active);
+            exact::<W, L>(hard, io, gamma, beta, lane, sum, c);
+        }
+    }
+}
 }
 
 /// Whether vector step `k` of `lane` lies inside the row. Always true, and

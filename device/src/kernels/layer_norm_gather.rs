@@ -115,7 +115,7 @@ pub unsafe fn store_gathered<const W: usize, const L: u32, const NV: usize, cons
     };
     // SAFETY: caller contract.
     unsafe {
-        normalise_store::<W, L, NV, AFFINE>(t, st, sums, precise, io, gamma, beta, eps, lane)
+        normalise_store::<W, L, NV, AFFINE>(t, st, sums, precise, io, gamma, beta, eps, lane, false)
     };
     if !active || has_source {
         return;
