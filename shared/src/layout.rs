@@ -128,8 +128,9 @@ impl RowLayout {
 }
 
 /// Threads per workgroup of the affine add+LayerNorm entry of width 192:
-/// at 40 registers, 128 threads keep as many warps per SM as 256 and
-/// measured faster on the H200 (BENCHMARKS.md, eleventh session).
+/// at the 40 registers it then took, 128 threads kept as many warps per SM
+/// as 256 and measured faster on the H200 (BENCHMARKS.md, eleventh
+/// session).
 pub const ADD_LN_AFFINE_192_BLOCK: u32 = 128;
 
 /// Workgroups of [`ADD_LN_AFFINE_192_BLOCK`] threads per SM the NVIDIA

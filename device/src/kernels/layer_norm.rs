@@ -102,7 +102,7 @@ pub struct RowIo {
 /// Every lane of the wave must call it (with `AFFINE`, a wave vote and
 /// possibly group reductions); `io.active` says which lanes store. With
 /// `rare_call` (a constant of the entry) tiers 2 and 3 run in
-/// [`refine_row`], out of line on NVIDIA, and `sums` is not used.
+/// `refine_row`, out of line on NVIDIA, and `sums` is not used.
 /// `io.x` and `io.y` must not overlap (the host checks it).
 ///
 /// # Safety
@@ -225,10 +225,10 @@ crate::out_of_line! {
 /// ([`crate::out_of_line`]): in the 192-wide affine add+LayerNorm the
 /// kept sums and the inline tiers cost the fast path 8 registers (40
 /// instead of 32) and a quarter of its warps per SM; as a call, held to
-/// 32 registers, the entry measured 1.014-1.016x the kernel before the
-/// exact path against 1.061-1.065x inline (BENCHMARKS.md, twenty-second
-/// session). The LayerNorm entries were slower this way at their bounds,
-/// so they keep the inline tiers. Every lane of the wave must call it.
+/// 32 registers, the entry measured about 4.5% faster on the H200
+/// (BENCHMARKS.md, twenty-second session). The LayerNorm entries were
+/// slower this way at their bounds, so they keep the inline tiers. Every
+/// lane of the wave must call it.
 ///
 /// # Safety
 /// As for [`normalise_store`] (`x`, `y`, `active` those of its `io`).

@@ -78,8 +78,10 @@
 //! ([`super::ln_stats::moments`]); the affine LayerNorm and
 //! LayerNorm+gather entries run in small workgroups
 //! ([`wavefuse_shared::LN_AFFINE_BLOCK`]) so that these tiers' registers
-//! cost fewer resident warps. Measured cost on the H200: BENCHMARKS.md,
-//! ninth to eleventh sessions.
+//! cost fewer resident warps; the 192-wide add+LayerNorm runs tiers 2 and
+//! 3 as a call on NVIDIA (`layer_norm::refine_row`), its fast path held to
+//! 32 registers. Measured cost on the H200: BENCHMARKS.md, ninth to
+//! eleventh and twenty-second sessions.
 use crate::gpu;
 use crate::math;
 use crate::vec::load8;
