@@ -220,8 +220,9 @@ crate::out_of_line! {
 /// Tiers 2 and 3 of [`normalise_store`] for a row group whose wave holds a
 /// flagged output (`care`, `bits`, `precise` as there), with the row's f64
 /// sums formed again from the reloaded inputs (the same values in the
-/// same order as [`super::ln_stats::row_sums`], so the same sums) rather
-/// than kept across the fast loop. Out of line on NVIDIA
+/// same order as [`super::ln_stats::lane_sums`] and the same group
+/// reduction, so the same sums up to the sign of a zero sum) rather than
+/// kept across the fast loop. Out of line on NVIDIA
 /// ([`crate::out_of_line`]): in the 192-wide affine add+LayerNorm the
 /// kept sums and the inline tiers cost the fast path 8 registers (40
 /// instead of 32) and a quarter of its warps per SM; as a call, held to
