@@ -193,6 +193,31 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
         }
         return;
     }
+    // SAFETY: as for this function.
+    unsafe { tiers::<W, L, NV>(care, bits, precise, io, gamma, beta, lane, sums, st, eps) };
+}
+
+/// Tiers 2 and 3 ([`super::ln_affine`]) for the lane's flagged outputs
+/// (`care`: the lane has some; `bits` and `precise` as in
+/// [`normalise_store`]): inline there, or in `refine_row`. Every lane of
+/// the wave must call it.
+///
+/// # Safety
+/// As for [`normalise_store`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tiers<const W: usize, const L: u32, const NV: usize>(
+    care: bool,
+    bits: u32,
+    precise: bool,
+    io: RowIo,
+    gamma: *const u16,
+    beta: *const u16,
+    lane: usize,
+    sums: RowSums,
+    st: Stats,
+    eps: f32,
+) {
     let hard = if care {
         // SAFETY: care is set only on active lanes; their outputs lie
         // inside the row.
@@ -270,27 +295,8 @@ unsafe fn refine_row<const W: usize, const L: u32, const NV: usize>(
         shift: -m.lo * rstd,
         mean: m,
     };
-    let hard = if care {
-        // SAFETY: care is set only on active lanes; their outputs lie
-        // inside the row.
-        unsafe {
-            let bits = if precise {
-                expand_flags(bits)
-            } else {
-                care_bits::<W, L, NV>(io, gamma, beta, lane, st)
-            };
-            refine::<W, L>(bits, io, gamma, beta, lane, sums, rstd, eps)
-        }
-    } else {
-        0
-    };
-    if gpu::wave_any(hard != 0) {
-        // SAFETY: io.x read only where active; bits as above.
-        unsafe {
-            let c = exact_factor::<W, L, NV>(x, sum, rstd, eps, lane, active);
-            exact::<W, L>(hard, io, gamma, beta, lane, sum, c);
-        }
-    }
+    // SAFETY: caller contract.
+    unsafe { tiers::<W, L, NV>(care, bits, precise, io, gamma, beta, lane, sums, st, eps) };
 }
 }
 
