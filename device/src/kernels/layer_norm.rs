@@ -275,6 +275,8 @@ unsafe fn refine_row<const W: usize, const L: u32, const NV: usize>(
     // Scalar arguments rather than a `RowIo`: an aggregate argument went
     // through the stack on NVIDIA, stored on the fast path.
     let io = RowIo { x, y, active };
+    // Summed as loaded: the row as an array passed to `ln_stats::row_sums`
+    // went to local memory here.
     let (mut sum, mut sq) = (0.0f64, 0.0f64);
     crate::unroll!(k in [0, 1, 2, 3] {
         if k < NV && active && in_row::<W, L, NV>(k, lane) {
@@ -289,12 +291,7 @@ unsafe fn refine_row<const W: usize, const L: u32, const NV: usize>(
     });
     let [sum, sq] = group_sum_f64_n::<L, 2>([sum, sq]);
     let sums = RowSums { sum, sq };
-    let m = mean_of::<W>(sum);
-    let st = Stats {
-        rstd,
-        shift: -m.lo * rstd,
-        mean: m,
-    };
+    let st = Stats::of(rstd, mean_of::<W>(sum));
     // SAFETY: caller contract.
     unsafe { tiers::<W, L, NV>(care, bits, precise, io, gamma, beta, lane, sums, st, eps) };
 }

@@ -131,12 +131,7 @@ pub fn precise_stats<const W: usize>(sums: RowSums, m: Mean, eps: f32) -> Option
     let v = one_pass_var::<W>(sums, eps);
     let (r, k, converged) = newton_rstd::<W>(v, sums.sq, math::rsqrt(v as f32));
     if converged && k <= K_FAST {
-        let rstd = r as f32;
-        Some(Stats {
-            rstd,
-            shift: -m.lo * rstd,
-            mean: m,
-        })
+        Some(Stats::of(r as f32, m))
     } else {
         None
     }

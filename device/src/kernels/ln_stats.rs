@@ -240,6 +240,18 @@ pub struct Stats {
     pub mean: Mean,
 }
 
+impl Stats {
+    /// The statistics of a row with mean `mean` and `rstd`.
+    #[inline(always)]
+    pub fn of(rstd: f32, mean: Mean) -> Self {
+        Stats {
+            rstd,
+            shift: -mean.lo * rstd,
+            mean,
+        }
+    }
+}
+
 /// The row's [`Stats`] from `q = sum t^2` and the mean: the biased variance
 /// is `q / W - lo^2` (the offsets' mean is `lo`; `lo^2` is below
 /// `2^-13 sigma^2`, so nothing cancels), `rstd` from [`math::rsqrt`]
@@ -248,12 +260,7 @@ pub struct Stats {
 #[inline(always)]
 pub fn stats_of<const W: usize>(q: f32, m: Mean, eps: f32) -> Stats {
     let var = math::fma(-m.lo, m.lo, q * (1.0 / W as f32));
-    let rstd = math::rsqrt(var + eps);
-    Stats {
-        rstd,
-        shift: -m.lo * rstd,
-        mean: m,
-    }
+    Stats::of(math::rsqrt(var + eps), m)
 }
 
 /// One row group's statistics: replaces `v` (the row, zeros outside it)
