@@ -52,6 +52,23 @@ pub const fn ln_block(affine: bool) -> u32 {
     if affine { LN_AFFINE_BLOCK } else { ROW_BLOCK }
 }
 
+/// Bytes of workgroup memory per thread in which the affine LayerNorm and
+/// LayerNorm+gather entries park their row's two f64 sums across the fast
+/// loop (the refinement reads them back; kept in registers instead, they
+/// cost the fast path registers and a spill: BENCHMARKS.md, twenty-third
+/// session).
+pub const LN_PARK_BYTES: u32 = 16;
+
+/// Launch-sized workgroup memory of the LayerNorm and LayerNorm+gather
+/// entries: [`LN_PARK_BYTES`] per thread with affine, none without.
+pub const fn ln_shared_bytes(affine: bool) -> u32 {
+    if affine {
+        LN_PARK_BYTES * LN_AFFINE_BLOCK
+    } else {
+        0
+    }
+}
+
 /// Lane layout of one row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowLayout {

@@ -17,6 +17,7 @@ pub mod window;
 pub use index::PAD;
 pub use layout::{
     ADD_LN_AFFINE_192_BLOCK, ADD_LN_AFFINE_192_MIN_BLOCKS_SM, AddLnShape, LN_AFFINE_BLOCK,
-    LN_AFFINE_MIN_BLOCKS_SM, ROW_AFFINE_MIN_BLOCKS_SM, ROW_BLOCK, RowLayout, VEC_HALVES, ln_block,
+    LN_AFFINE_MIN_BLOCKS_SM, LN_PARK_BYTES, ROW_AFFINE_MIN_BLOCKS_SM, ROW_BLOCK, RowLayout,
+    VEC_HALVES, ln_block, ln_shared_bytes,
 };
 pub use target::Target;

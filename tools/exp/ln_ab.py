@@ -1,12 +1,15 @@
 """A/B timing of LayerNorm-family PTX builds in one process on one GPU.
 
-    python3 ln_ab.py NAME=PATH.ptx[@bN[+aM[+r2]]] [NAME=PATH.ptx ...] [--reps N] [--rounds R]
+    python3 ln_ab.py NAME=PATH.ptx[@bN[+aM[+r2][+sK]]] [NAME=PATH.ptx ...] [--reps N] [--rounds R]
 
 `@bN`: the build's affine LayerNorm and LayerNorm+gather entries run in
 N-thread workgroups (wavefuse_shared::ln_block; 64 since the eleventh
 session, ROW_BLOCK before); `+aM`: its affine add+LayerNorm entry of width
 192 in M-thread workgroups (AddLnShape::for_entry; 128 since then), with
-`+r2` two rows per 32-lane group (tried in the eleventh session). Without
+`+r2` two rows per 32-lane group (tried in the eleventh session); `+sK`:
+its affine LayerNorm and LayerNorm+gather entries get K bytes of
+workgroup memory per thread (`+s`: 16, wavefuse_shared::LN_PARK_BYTES,
+where they park the row sums since the twenty-third session). Without
 them a build gets the geometry of the kernels before (b82904f's `old`).
 
 Every build's kernels run on the same tensors (input sets rotated past the
@@ -135,7 +138,8 @@ def make(kind, shape, affine, dev):
         blk = getattr(mod, "blk", ROW_BLOCK) if affine and kind in ("layer_norm", "layer_norm_gather") else ROW_BLOCK
         if kind == "layer_norm":
             mod.launch("wf_layer_norm" + suffix, -(-rows // (blk // lanes)), blk,
-                       [p(s["x"]), p(s["y"]), p(g), p(b), u64(rows), ctypes.c_float(EPS)])
+                       [p(s["x"]), p(s["y"]), p(g), p(b), u64(rows), ctypes.c_float(EPS)],
+                       shared=getattr(mod, "shm", 0) * blk if affine else 0)
         elif kind == "add_layer_norm":
             per_block, block = (2, 32) if w == 384 else (ROW_BLOCK // 32, ROW_BLOCK)
             if affine and w == 192 and hasattr(mod, "ablk"):
@@ -146,7 +150,7 @@ def make(kind, shape, affine, dev):
         elif kind == "layer_norm_gather":
             mod.launch("wf_layer_norm_gather" + suffix, -(-n_out // (blk // lanes)), blk,
                        [p(s["x"]), p(table), p(s["y"]), p(g), p(b), u64(n_out), u64(rows),
-                        ctypes.c_float(EPS)])
+                        ctypes.c_float(EPS)], shared=getattr(mod, "shm", 0) * blk if affine else 0)
         else:
             mod.launch("wf_add_layer_norm_gather" + suffix, -(-n_out // (ROW_BLOCK // lanes)), ROW_BLOCK,
                        [p(s["x"]), p(s["br"]), p(s["r"]), p(table), p(s["y"]), p(g), p(b), u64(n_out),
@@ -198,6 +202,9 @@ def main():
             d.ablk = int(path.split("+a")[1].split("+")[0])
         if "+r2" in path:
             d.arows = 2
+        if "+s" in path:
+            k = path.split("+s")[1].split("+")[0]
+            d.shm = int(k) if k else 16
         mods.append((name, d))
     print("gpu:", torch.cuda.get_device_name(), "| torch", torch.__version__)
     torch.manual_seed(0)

@@ -19,7 +19,7 @@
 //! so `residual_out == residual` (in place) is race-free. Rows past the end
 //! and steps past the row are predicated off; their lanes still join the
 //! group reductions.
-use super::layer_norm::{RowIo, in_row, normalise_store};
+use super::layer_norm::{Refine, RowIo, in_row, normalise_store};
 use super::ln_affine::precise_stats;
 use super::ln_stats::{
     Mean, RowSums, group_sum_f64_n, lane_sq_sum, lane_sums, mean_of, offsets, stats_of,
@@ -165,18 +165,24 @@ pub unsafe fn add_layer_norm<
         };
         // SAFETY: where active, row < rows: the rows lie inside
         // residual_out and y; affine vectors in bounds.
-        unsafe { normalise_store::<W, L, NV, AFFINE>(&v[r], st, rs, precise, io, gamma, beta, eps, lane, rare_call(W)) };
+        unsafe { normalise_store::<W, L, NV, AFFINE>(&v[r], st, rs, precise, io, gamma, beta, eps, lane, refine(W)) };
         }
     });
 }
 
-/// Whether the affine entry of width `w` runs its refinement as a call
-/// (`normalise_store`'s `rare_call`): the 192-wide one, which the NVIDIA
-/// build holds to 32 registers
+/// Where the affine entry of width `w` runs its refinement
+/// (`normalise_store`'s `refine`): as a call in the 192-wide one, which
+/// the NVIDIA build holds to 32 registers
 /// ([`wavefuse_shared::ADD_LN_AFFINE_192_MIN_BLOCKS_SM`]). At 384 and 768
-/// the inline tiers fit the entries' budgets as they are.
-const fn rare_call(w: usize) -> bool {
-    w == 192
+/// the inline tiers fit the entries' budgets as they are, with the sums in
+/// registers (parked in workgroup memory, they measured the same on the
+/// H200: BENCHMARKS.md, twenty-third session).
+const fn refine(w: usize) -> Refine {
+    if w == 192 {
+        Refine::Call
+    } else {
+        Refine::Inline
+    }
 }
 
 /// The launch shape of one width in this build (see [`AddLnShape`]).

@@ -17,7 +17,7 @@
 //! Padding rows and rows past the end load nothing but join the group
 //! reductions; padding rows are written as zeros.
 use super::gather::source_of_row;
-use super::layer_norm::{group_row, in_row};
+use super::layer_norm::{Refine, group_row, in_row};
 use super::layer_norm_gather::{source_row, store_gathered};
 use super::ln_stats::moments;
 use crate::gpu;
@@ -105,6 +105,7 @@ pub unsafe fn add_layer_norm_gather<
             beta,
             eps,
             lane,
+            Refine::Inline,
         )
     };
 }

@@ -42,7 +42,8 @@ pub fn group_row_in<const L: u32>(block: u32) -> (usize, u64) {
 ///
 /// # Safety
 /// `x`, `y` valid for `rows * W` halves, `gamma`/`beta` for `W` halves when
-/// `AFFINE`; all 16-byte aligned.
+/// `AFFINE`; all 16-byte aligned; with `AFFINE`, launch-sized workgroup
+/// memory of [`wavefuse_shared::ln_shared_bytes`].
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // constant indices keep the row in registers
 pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
@@ -75,7 +76,16 @@ pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AF
     // SAFETY: where active, row < rows: the row lies inside x and y.
     unsafe {
         normalise_store::<W, L, NV, AFFINE>(
-            &v, st, sums, precise, io, gamma, beta, eps, lane, false,
+            &v,
+            st,
+            sums,
+            precise,
+            io,
+            gamma,
+            beta,
+            eps,
+            lane,
+            Refine::Parked,
         )
     };
 }
@@ -93,6 +103,27 @@ pub struct RowIo {
     pub active: bool,
 }
 
+/// Where tiers 2 and 3 of the affine refinement ([`super::ln_affine`])
+/// run and where the row's f64 sums wait for them across the fast loop
+/// (a constant of each entry).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Refine {
+    /// Inline, the sums in registers.
+    Inline,
+    /// Inline, the sums parked in workgroup memory
+    /// ([`wavefuse_shared::LN_PARK_BYTES`] per thread, at the thread's own
+    /// slot: no other thread reads it, so no barrier), read back only
+    /// where a tier runs. In registers they cost the affine LayerNorm
+    /// entries an 8-byte spill and 1-3% on the H200 with no output
+    /// flagged; parked, the entries measured as fast as the kernels before
+    /// the exact path there (BENCHMARKS.md, twenty-third session). The
+    /// entry's launch must provide the memory
+    /// ([`wavefuse_shared::ln_shared_bytes`]).
+    Parked,
+    /// In `refine_row` (a call on NVIDIA), the sums formed again there.
+    Call,
+}
+
 /// Writes `(t - lo) * rstd [* gamma + beta]` as halves, `t` the lane's
 /// [`super::ln_stats::offsets`] (`fma(t, rstd, shift)`, see [`Stats`]): its
 /// `NV` vectors of one row (vector `k * L + lane`, those inside the row).
@@ -100,15 +131,17 @@ pub struct RowIo {
 /// it cancels ([`super::ln_affine`]; `sums` and `eps` serve that).
 ///
 /// Every lane of the wave must call it (with `AFFINE`, a wave vote and
-/// possibly group reductions); `io.active` says which lanes store. With
-/// `rare_call` (a constant of the entry) tiers 2 and 3 run in
-/// `refine_row`, out of line on NVIDIA, and `sums` is not used.
-/// `io.x` and `io.y` must not overlap (the host checks it).
+/// possibly group reductions); `io.active` says which lanes store.
+/// `refine` (a constant of the entry) says where tiers 2 and 3 run and
+/// where `sums` waits for them ([`Refine`]; with [`Refine::Call`] `sums`
+/// is not used). `io.x` and `io.y` must not overlap (the host checks it).
 ///
 /// # Safety
 /// Where `io.active`, `io.x`/`io.y` valid for `W` halves and not
 /// overlapping; `gamma`/`beta` valid for `W` halves when `AFFINE`; all
-/// 16-byte aligned; `lane < L`.
+/// 16-byte aligned; `lane < L`; with `AFFINE` and [`Refine::Parked`],
+/// launch-sized workgroup memory of [`wavefuse_shared::LN_PARK_BYTES`] per
+/// thread.
 #[inline(always)]
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, const AFFINE: bool>(
@@ -121,7 +154,7 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     beta: *const u16,
     eps: f32,
     lane: usize,
-    rare_call: bool,
+    refine: Refine,
 ) {
     let col = |k: usize| (k * L as usize + lane) * 8;
     if !AFFINE {
@@ -146,6 +179,17 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     // outputs in registers until a wave vote had decided measured about
     // 6% slower on the H200 (BENCHMARKS.md, ninth session).
     const { assert!(NV <= 4) };
+    // Volatile, so that the compiler cannot forward the stored sums to the
+    // tiers' reads (which would keep them in registers across the loop).
+    let park = gpu::workgroup_mem::<f64>().wrapping_add(2 * gpu::thread_id() as usize);
+    if refine == Refine::Parked {
+        // SAFETY: the thread's own 16 bytes of the launch's workgroup
+        // memory (caller contract), 8-byte aligned.
+        unsafe {
+            park.write_volatile(sums.sum);
+            park.add(1).write_volatile(sums.sq);
+        }
+    }
     // Tier 1's test on the packed f16 outputs ([`super::ln_affine`]): the
     // sign bits of each word flag its two outputs, gathered into `bits`
     // ([`compact_flags`]: byte moves and masks, no branch) while the words
@@ -182,24 +226,36 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     // Rows without the row-precise statistics (a large offset, NaN, Inf):
     // every output through the f32-variance test, from reloaded inputs.
     let care = bits != 0 || (io.active && !precise);
-    if rare_call {
-        if gpu::wave_any(care) {
-            // SAFETY: as for this function.
-            unsafe {
-                refine_row::<W, L, NV>(
-                    care, bits, precise, io.x, io.y, io.active, gamma, beta, lane, st.rstd, eps,
-                )
-            };
+    match refine {
+        Refine::Call => {
+            if gpu::wave_any(care) {
+                // SAFETY: as for this function.
+                unsafe {
+                    refine_row::<W, L, NV>(
+                        care, bits, precise, io.x, io.y, io.active, gamma, beta, lane, st.rstd, eps,
+                    )
+                };
+            }
         }
-        return;
+        // SAFETY: as for this function; the thread's parked sums (above).
+        Refine::Parked => unsafe {
+            let parked = || RowSums {
+                sum: park.read_volatile(),
+                sq: park.add(1).read_volatile(),
+            };
+            tiers::<W, L, NV>(care, bits, precise, io, gamma, beta, lane, parked, st, eps)
+        },
+        // SAFETY: as for this function.
+        Refine::Inline => unsafe {
+            tiers::<W, L, NV>(care, bits, precise, io, gamma, beta, lane, || sums, st, eps)
+        },
     }
-    // SAFETY: as for this function.
-    unsafe { tiers::<W, L, NV>(care, bits, precise, io, gamma, beta, lane, sums, st, eps) };
 }
 
 /// Tiers 2 and 3 ([`super::ln_affine`]) for the lane's flagged outputs
 /// (`care`: the lane has some; `bits` and `precise` as in
-/// [`normalise_store`]): inline there, or in `refine_row`. Every lane of
+/// [`normalise_store`]): inline there, or in `refine_row`. `sums` gives
+/// the row's f64 sums, called only where a tier needs them. Every lane of
 /// the wave must call it.
 ///
 /// # Safety
@@ -214,11 +270,12 @@ unsafe fn tiers<const W: usize, const L: u32, const NV: usize>(
     gamma: *const u16,
     beta: *const u16,
     lane: usize,
-    sums: RowSums,
+    sums: impl Fn() -> RowSums,
     st: Stats,
     eps: f32,
 ) {
     let hard = if care {
+        let sums = sums();
         // SAFETY: care is set only on active lanes; their outputs lie
         // inside the row.
         unsafe {
@@ -233,6 +290,7 @@ unsafe fn tiers<const W: usize, const L: u32, const NV: usize>(
         0
     };
     if gpu::wave_any(hard != 0) {
+        let sums = sums();
         // SAFETY: io.x read only where active; bits as above.
         unsafe {
             let c = exact_factor::<W, L, NV>(io.x, sums.sum, st.rstd, eps, lane, io.active);
@@ -253,8 +311,8 @@ crate::out_of_line! {
 /// instead of 32) and a quarter of its warps per SM; as a call, held to
 /// 32 registers, the entry measured about 4.5% faster on the H200
 /// (BENCHMARKS.md, twenty-second session). The LayerNorm entries were
-/// slower this way at their bounds, so they keep the inline tiers. Every
-/// lane of the wave must call it.
+/// slower this way at their bounds; they keep the inline tiers and park
+/// their sums ([`Refine::Parked`]). Every lane of the wave must call it.
 ///
 /// # Safety
 /// As for [`normalise_store`] (`x`, `y`, `active` those of its `io`).
@@ -293,7 +351,7 @@ unsafe fn refine_row<const W: usize, const L: u32, const NV: usize>(
     let sums = RowSums { sum, sq };
     let st = Stats::of(rstd, mean_of::<W>(sum));
     // SAFETY: caller contract.
-    unsafe { tiers::<W, L, NV>(care, bits, precise, io, gamma, beta, lane, sums, st, eps) };
+    unsafe { tiers::<W, L, NV>(care, bits, precise, io, gamma, beta, lane, || sums, st, eps) };
 }
 }
 

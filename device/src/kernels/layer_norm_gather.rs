@@ -10,7 +10,7 @@
 //! `0..n_src` (impossible after the host's validation) is treated as
 //! padding, never read.
 use super::gather::source_of_row;
-use super::layer_norm::{RowIo, group_row_in, in_row, normalise_store};
+use super::layer_norm::{Refine, RowIo, group_row_in, in_row, normalise_store};
 use super::ln_stats::{RowSums, Stats, moments};
 use crate::vec::{V8, load8};
 use wavefuse_shared::ln_block;
@@ -20,7 +20,8 @@ use wavefuse_shared::ln_block;
 /// # Safety
 /// `src` valid for `n_src * W` halves, `out` for `n_out * W`, `idx` for
 /// `n_out` entries, `gamma`/`beta` for `W` halves when `AFFINE`; halves
-/// 16-byte aligned; `out` disjoint from every input.
+/// 16-byte aligned; `out` disjoint from every input; with `AFFINE`,
+/// launch-sized workgroup memory of [`wavefuse_shared::ln_shared_bytes`].
 #[inline(always)]
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // constant indices keep the row in registers
 pub unsafe fn layer_norm_gather<
@@ -70,6 +71,7 @@ pub unsafe fn layer_norm_gather<
             beta,
             eps,
             lane,
+            Refine::Parked,
         )
     };
 }
@@ -87,7 +89,8 @@ pub fn source_row<const W: usize>(base: *const u16, s: Option<usize>) -> *const 
 /// Writes one gathered output row: the normalised row (`t`, the offsets,
 /// see [`normalise_store`], its input row at `x_row`) when it has a
 /// source, zeros for a padding row. Every lane of the wave must call it;
-/// `active` says which lanes own an output row.
+/// `active` says which lanes own an output row; `refine` as for
+/// [`normalise_store`].
 ///
 /// # Safety
 /// As for [`normalise_store`], with `x_row` valid where `active &&
@@ -107,6 +110,7 @@ pub unsafe fn store_gathered<const W: usize, const L: u32, const NV: usize, cons
     beta: *const u16,
     eps: f32,
     lane: usize,
+    refine: Refine,
 ) {
     let io = RowIo {
         x: x_row,
@@ -115,7 +119,9 @@ pub unsafe fn store_gathered<const W: usize, const L: u32, const NV: usize, cons
     };
     // SAFETY: caller contract.
     unsafe {
-        normalise_store::<W, L, NV, AFFINE>(t, st, sums, precise, io, gamma, beta, eps, lane, false)
+        normalise_store::<W, L, NV, AFFINE>(
+            t, st, sums, precise, io, gamma, beta, eps, lane, refine,
+        )
     };
     if !active || has_source {
         return;

@@ -78,10 +78,13 @@
 //! ([`super::ln_stats::moments`]); the affine LayerNorm and
 //! LayerNorm+gather entries run in small workgroups
 //! ([`wavefuse_shared::LN_AFFINE_BLOCK`]) so that these tiers' registers
-//! cost fewer resident warps; the 192-wide add+LayerNorm runs tiers 2 and
-//! 3 as a call on NVIDIA (`layer_norm::refine_row`), its fast path held to
-//! 32 registers. Measured cost on the H200: BENCHMARKS.md, ninth to
-//! eleventh and twenty-second sessions.
+//! cost fewer resident warps, and park the row's f64 sums in workgroup
+//! memory across the fast loop (`layer_norm::Refine::Parked`: nothing of
+//! tiers 2 and 3 then lives in the fast path's registers); the 192-wide
+//! add+LayerNorm runs tiers 2 and 3 as a call on NVIDIA
+//! (`layer_norm::refine_row`), its fast path held to 32 registers.
+//! Measured cost on the H200: BENCHMARKS.md, ninth to eleventh,
+//! twenty-second and twenty-third sessions.
 use crate::gpu;
 use crate::math;
 use crate::vec::load8;

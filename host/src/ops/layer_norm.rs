@@ -17,7 +17,7 @@ use crate::device::{AsStream, Stream};
 use crate::registry::{In, Out, launch};
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_shared::layout::{LN_WIDTHS, RowLayout, ln_block};
+use wavefuse_shared::layout::{LN_WIDTHS, RowLayout, ln_block, ln_shared_bytes};
 
 /// Per-column scale and shift (f16, `width` each).
 #[derive(Clone, Copy)]
@@ -123,7 +123,7 @@ pub fn layer_norm(
     let l = Launch {
         grid: (grid, 1),
         block,
-        shared_bytes: 0,
+        shared_bytes: ln_shared_bytes(affine.is_some()),
     };
     // SAFETY: extents, alignment and aliasing checked above.
     unsafe { run(c.q, l, x.arg(), y.arg(), g, b, rows as u64, eps) }

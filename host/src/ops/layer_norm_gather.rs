@@ -15,7 +15,7 @@ use crate::device::{AsStream, Stream};
 use crate::registry::{In, Out, launch};
 use crate::{Error, Result};
 use half::f16;
-use wavefuse_shared::layout::{LN_WIDTHS, RowLayout, ln_block};
+use wavefuse_shared::layout::{LN_WIDTHS, RowLayout, ln_block, ln_shared_bytes};
 
 type LnGatherKernel = for<'a, 'b, 'c, 'd, 'e> unsafe fn(
     &Stream,
@@ -82,7 +82,10 @@ pub fn layer_norm_gather(
     }
     // The kernel build assumes exactly this workgroup size.
     let block = ln_block(affine.is_some());
-    let l = row_launch_of(&c, n_out, layout.blocks_for_of(n_out, block), block)?;
+    let l = Launch {
+        shared_bytes: ln_shared_bytes(affine.is_some()),
+        ..row_launch_of(&c, n_out, layout.blocks_for_of(n_out, block), block)?
+    };
     // SAFETY: the table was validated against n_src and lives as long as
     // `plan`; extents, alignment and aliasing checked above.
     unsafe {
