@@ -87,7 +87,7 @@ if has sanitize; then
   else
   { echo "sanitize: every kernel test binary on the GPU only (WAVEFUSE_TEST_GPU_ONLY=1, WAVEFUSE_REQUIRE=cuda: a binary that cannot open CUDA fails)."
     echo "  memcheck:  out-of-bounds and misaligned global/local/shared accesses, hardware-reported errors."
-    echo "  racecheck: shared-memory data hazards only: of wavefuse's kernels only window_attention uses shared (workgroup) memory; for the others it has nothing to inspect."
+    echo "  racecheck: shared-memory data hazards only: of wavefuse's kernels window_attention and the affine LayerNorm and LayerNorm+gather entries use shared (workgroup) memory; for the others it has nothing to inspect."
     echo "  initcheck: reads of device global memory that was never written."
     echo "  synccheck: invalid use of synchronization primitives (barriers, warp sync): window_attention's warp barriers and cp.async waits; the other kernels' lane exchanges are shfl.sync over the full warp."
     echo "  tools run: ${WAVEFUSE_SANITIZE_TOOLS:-memcheck,racecheck,initcheck,synccheck}; binaries: ${WAVEFUSE_SANITIZE_ONLY:-every GPU test binary}"; } | tee -a "$out/sanitizer.txt"
