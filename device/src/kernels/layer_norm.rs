@@ -18,7 +18,7 @@ use super::ln_stats::{RowSums, Stats, group_sum_f64_n, mean_of, moments};
 use crate::gpu;
 use crate::math;
 use crate::vec::{load8, load8_bits, pack8, store8, store8_bits, widen8};
-use wavefuse_shared::{ROW_BLOCK, ln_block};
+use wavefuse_shared::{LN_PARK_BYTES, ROW_BLOCK, ln_block};
 
 /// This lane's index in its row group and the group's row: groups of `L`
 /// consecutive lanes, [`ROW_BLOCK`]` / L` rows per workgroup (the
@@ -181,6 +181,8 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     const { assert!(NV <= 4) };
     // Volatile, so that the compiler cannot forward the stored sums to the
     // tiers' reads (which would keep them in registers across the loop).
+    // The slot is the two f64 the host's launch provides per thread.
+    const { assert!(LN_PARK_BYTES as usize == 2 * core::mem::size_of::<f64>()) };
     let park = gpu::workgroup_mem::<f64>().wrapping_add(2 * gpu::thread_id() as usize);
     if refine == Refine::Parked {
         // SAFETY: the thread's own 16 bytes of the launch's workgroup
