@@ -8,8 +8,9 @@ session, ROW_BLOCK before); `+aM`: its affine add+LayerNorm entry of width
 192 in M-thread workgroups (AddLnShape::for_entry; 128 since then), with
 `+r2` two rows per 32-lane group (tried in the eleventh session); `+sK`:
 its affine LayerNorm and LayerNorm+gather entries get K bytes of
-workgroup memory per thread (`+s`: 16, wavefuse_shared::LN_PARK_BYTES,
-where they park the row sums since the twenty-third session). Without
+workgroup memory per thread (`+s`: 16, the twenty-third session's
+wavefuse_shared::LN_PARK_BYTES, where they park the row sums; 32 since the
+twenty-fourth, `+s32`, the sum and tier 1's root, K and residual). Without
 them a build gets the geometry of the kernels before (b82904f's `old`).
 
 Every build's kernels run on the same tensors (input sets rotated past the

@@ -20,7 +20,7 @@
 //! and steps past the row are predicated off; their lanes still join the
 //! group reductions.
 use super::layer_norm::{Refine, RowIo, in_row, normalise_store};
-use super::ln_affine::precise_stats;
+use super::ln_affine::{OnePass, precise_stats};
 use super::ln_stats::{
     Mean, RowSums, group_sum_f64_n, lane_sq_sum, lane_sums, mean_of, offsets, stats_of,
 };
@@ -165,7 +165,7 @@ pub unsafe fn add_layer_norm<
         };
         // SAFETY: where active, row < rows: the rows lie inside
         // residual_out and y; affine vectors in bounds.
-        unsafe { normalise_store::<W, L, NV, AFFINE>(&v[r], st, rs, precise, io, gamma, beta, eps, lane, refine(W)) };
+        unsafe { normalise_store::<W, L, NV, AFFINE>(&v[r], st, rs, precise, OnePass::UNKNOWN, io, gamma, beta, eps, lane, refine(W)) };
         }
     });
 }

@@ -85,7 +85,7 @@ pub unsafe fn add_layer_norm_gather<
         }
     }
     // Every lane of the group, active or not, joins the reductions.
-    let (st, sums, precise) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
+    let (st, sums, precise, one_pass) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
     // The LayerNorm's input row is the stored sum (this lane's own stores
     // are all a refinement reads back).
     let x_row = source_row::<W>(residual_out.cast_const(), s);
@@ -97,6 +97,7 @@ pub unsafe fn add_layer_norm_gather<
             st,
             sums,
             precise,
+            one_pass,
             x_row,
             s.is_some(),
             out.wrapping_add(row as usize * W),

@@ -12,7 +12,8 @@
 //! three 16-byte vectors per lane). Rows past the end are predicated off,
 //! never returned early from: their lanes still join the group reductions.
 use super::ln_affine::{
-    KH_BETA, KH_GAMMA, care_bits, compact_flags, exact, exact_factor, expand_flags, refine,
+    KH_BETA, KH_GAMMA, OnePass, Precise, care_bits, compact_flags, exact, exact_factor,
+    expand_flags, refine,
 };
 use super::ln_stats::{RowSums, Stats, group_sum_f64_n, mean_of, moments};
 use crate::gpu;
@@ -67,7 +68,7 @@ pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AF
             }
         }
     }
-    let (st, sums, precise) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
+    let (st, sums, precise, one_pass) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
     let io = RowIo {
         x: x.wrapping_add(base),
         y: y.wrapping_add(base),
@@ -80,6 +81,7 @@ pub unsafe fn layer_norm<const W: usize, const L: u32, const NV: usize, const AF
             st,
             sums,
             precise,
+            one_pass,
             io,
             gamma,
             beta,
@@ -110,10 +112,12 @@ pub struct RowIo {
 pub enum Refine {
     /// Inline, the sums in registers.
     Inline,
-    /// Inline, the sums parked in workgroup memory
+    /// Inline, the row sum and tier 1's root and `K`
+    /// ([`super::ln_affine::OnePass`], so that tier 2 needs no Newton
+    /// steps of its own) parked in workgroup memory
     /// ([`wavefuse_shared::LN_PARK_BYTES`] per thread, at the thread's own
     /// slot: no other thread reads it, so no barrier), read back only
-    /// where a tier runs. In registers they cost the affine LayerNorm
+    /// where a tier runs. The sums in registers cost the affine LayerNorm
     /// entries an 8-byte spill and 1-3% on the H200 with no output
     /// flagged; parked, the entries measured as fast as the kernels before
     /// the exact path there (BENCHMARKS.md, twenty-third session). The
@@ -128,7 +132,8 @@ pub enum Refine {
 /// [`super::ln_stats::offsets`] (`fma(t, rstd, shift)`, see [`Stats`]): its
 /// `NV` vectors of one row (vector `k * L + lane`, those inside the row).
 /// The affine step is one fused multiply-add (one rounding), refined where
-/// it cancels ([`super::ln_affine`]; `sums` and `eps` serve that).
+/// it cancels ([`super::ln_affine`]; `sums`, `one_pass` and `eps` serve
+/// that).
 ///
 /// Every lane of the wave must call it (with `AFFINE`, a wave vote and
 /// possibly group reductions); `io.active` says which lanes store.
@@ -149,6 +154,7 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     st: Stats,
     sums: RowSums,
     precise: bool,
+    one_pass: OnePass,
     io: RowIo,
     gamma: *const u16,
     beta: *const u16,
@@ -179,17 +185,20 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     // outputs in registers until a wave vote had decided measured about
     // 6% slower on the H200 (BENCHMARKS.md, ninth session).
     const { assert!(NV <= 4) };
-    // Volatile, so that the compiler cannot forward the stored sums to the
-    // tiers' reads (which would keep them in registers across the loop).
-    // The slot is the two f64 the host's launch provides per thread.
-    const { assert!(LN_PARK_BYTES as usize == 2 * core::mem::size_of::<f64>()) };
-    let park = gpu::workgroup_mem::<f64>().wrapping_add(2 * gpu::thread_id() as usize);
+    // Volatile, so that the compiler cannot forward the stored values to
+    // the tiers' reads (which would keep them in registers across the
+    // loop). The slot is the four f64 the host's launch provides per
+    // thread.
+    const { assert!(LN_PARK_BYTES as usize == 4 * core::mem::size_of::<f64>()) };
+    let park = gpu::workgroup_mem::<f64>().wrapping_add(4 * gpu::thread_id() as usize);
     if refine == Refine::Parked {
-        // SAFETY: the thread's own 16 bytes of the launch's workgroup
+        // SAFETY: the thread's own 32 bytes of the launch's workgroup
         // memory (caller contract), 8-byte aligned.
         unsafe {
             park.write_volatile(sums.sum);
-            park.add(1).write_volatile(sums.sq);
+            park.add(1).write_volatile(one_pass.r);
+            park.add(2).write_volatile(one_pass.k);
+            park.add(3).write_volatile(one_pass.residual);
         }
     }
     // Tier 1's test on the packed f16 outputs ([`super::ln_affine`]): the
@@ -239,26 +248,45 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
                 };
             }
         }
-        // SAFETY: as for this function; the thread's parked sums (above).
+        // SAFETY: as for this function; the thread's parked values (above).
         Refine::Parked => unsafe {
-            let parked = || RowSums {
-                sum: park.read_volatile(),
-                sq: park.add(1).read_volatile(),
+            let sum = || park.read_volatile();
+            let factors = || {
+                Precise::of_one_pass::<W>(OnePass {
+                    r: park.add(1).read_volatile(),
+                    k: park.add(2).read_volatile(),
+                    residual: park.add(3).read_volatile(),
+                })
             };
-            tiers::<W, L, NV>(care, bits, precise, io, gamma, beta, lane, parked, st, eps)
+            tiers::<W, L, NV>(
+                care, bits, precise, io, gamma, beta, lane, sum, factors, st, eps,
+            )
         },
         // SAFETY: as for this function.
         Refine::Inline => unsafe {
-            tiers::<W, L, NV>(care, bits, precise, io, gamma, beta, lane, || sums, st, eps)
+            let factors = || Precise::of::<W>(sums, st.rstd, eps);
+            tiers::<W, L, NV>(
+                care,
+                bits,
+                precise,
+                io,
+                gamma,
+                beta,
+                lane,
+                || sums.sum,
+                factors,
+                st,
+                eps,
+            )
         },
     }
 }
 
 /// Tiers 2 and 3 ([`super::ln_affine`]) for the lane's flagged outputs
 /// (`care`: the lane has some; `bits` and `precise` as in
-/// [`normalise_store`]): inline there, or in `refine_row`. `sums` gives
-/// the row's f64 sums, called only where a tier needs them. Every lane of
-/// the wave must call it.
+/// [`normalise_store`]): inline there, or in `refine_row`. `sum` and
+/// `factors` give the row's exact sum and tier 2's factors, called only
+/// where a tier needs them. Every lane of the wave must call it.
 ///
 /// # Safety
 /// As for [`normalise_store`].
@@ -272,12 +300,12 @@ unsafe fn tiers<const W: usize, const L: u32, const NV: usize>(
     gamma: *const u16,
     beta: *const u16,
     lane: usize,
-    sums: impl Fn() -> RowSums,
+    sum: impl Fn() -> f64,
+    factors: impl FnOnce() -> Precise,
     st: Stats,
     eps: f32,
 ) {
     let hard = if care {
-        let sums = sums();
         // SAFETY: care is set only on active lanes; their outputs lie
         // inside the row.
         unsafe {
@@ -286,17 +314,17 @@ unsafe fn tiers<const W: usize, const L: u32, const NV: usize>(
             } else {
                 care_bits::<W, L, NV>(io, gamma, beta, lane, st)
             };
-            refine::<W, L>(bits, io, gamma, beta, lane, sums, st.rstd, eps)
+            refine::<W, L>(bits, io, gamma, beta, lane, sum(), factors())
         }
     } else {
         0
     };
     if gpu::wave_any(hard != 0) {
-        let sums = sums();
+        let sum = sum();
         // SAFETY: io.x read only where active; bits as above.
         unsafe {
-            let c = exact_factor::<W, L, NV>(io.x, sums.sum, st.rstd, eps, lane, io.active);
-            exact::<W, L>(hard, io, gamma, beta, lane, sums.sum, c);
+            let c = exact_factor::<W, L, NV>(io.x, sum, st.rstd, eps, lane, io.active);
+            exact::<W, L>(hard, io, gamma, beta, lane, sum, c);
         }
     }
 }
@@ -352,8 +380,9 @@ unsafe fn refine_row<const W: usize, const L: u32, const NV: usize>(
     let [sum, sq] = group_sum_f64_n::<L, 2>([sum, sq]);
     let sums = RowSums { sum, sq };
     let st = Stats::of(rstd, mean_of::<W>(sum));
+    let factors = || Precise::of::<W>(sums, rstd, eps);
     // SAFETY: caller contract.
-    unsafe { tiers::<W, L, NV>(care, bits, precise, io, gamma, beta, lane, || sums, st, eps) };
+    unsafe { tiers::<W, L, NV>(care, bits, precise, io, gamma, beta, lane, || sum, factors, st, eps) };
 }
 }
 

@@ -11,6 +11,7 @@
 //! padding, never read.
 use super::gather::source_of_row;
 use super::layer_norm::{Refine, RowIo, group_row_in, in_row, normalise_store};
+use super::ln_affine::OnePass;
 use super::ln_stats::{RowSums, Stats, moments};
 use crate::vec::{V8, load8};
 use wavefuse_shared::ln_block;
@@ -54,7 +55,7 @@ pub unsafe fn layer_norm_gather<
         }
     }
     // Every lane of the group, active or not, joins the reductions.
-    let (st, sums, precise) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
+    let (st, sums, precise, one_pass) = moments::<W, L, NV, AFFINE>(&mut v, lane, eps);
     let x_row = source_row::<W>(src, s);
     // SAFETY: where active, row < n_out and the source row is inside src.
     unsafe {
@@ -63,6 +64,7 @@ pub unsafe fn layer_norm_gather<
             st,
             sums,
             precise,
+            one_pass,
             x_row,
             s.is_some(),
             out.wrapping_add(row as usize * W),
@@ -102,6 +104,7 @@ pub unsafe fn store_gathered<const W: usize, const L: u32, const NV: usize, cons
     st: Stats,
     sums: RowSums,
     precise: bool,
+    one_pass: OnePass,
     x_row: *const u16,
     has_source: bool,
     out_row: *mut u16,
@@ -120,7 +123,7 @@ pub unsafe fn store_gathered<const W: usize, const L: u32, const NV: usize, cons
     // SAFETY: caller contract.
     unsafe {
         normalise_store::<W, L, NV, AFFINE>(
-            t, st, sums, precise, io, gamma, beta, eps, lane, refine,
+            t, st, sums, precise, one_pass, io, gamma, beta, eps, lane, refine,
         )
     };
     if !active || has_source {

@@ -41,14 +41,19 @@
 //!    squares `S2` ([`super::ln_stats::RowSums`]): `var = S2/W - (S/W)^2`,
 //!    whose relative error is `2^-47.8 K + 2^-51.9` with `K = (var +
 //!    mu^2) / (var + eps)` (the cancellation of the one-pass variance),
-//!    `rstd` by two Newton steps in f64 from the f32 `rstd` (within
-//!    `2^-20.6`), and `o = D c` with `D = W x - S` exact in f64 (21-bit
+//!    `rstd` by two Newton steps in f64 from an f32 seed within `2^-20.6`
+//!    of it, and `o = D c` with `D = W x - S` exact in f64 (21-bit
 //!    products, sums of multiples of 2^-24 below 2^26) and `c = rstd / W`.
 //!    Then `|y2 - y| <= Ea = |gamma o2| (K + 1) 2^-48.7` (the `K` read back
 //!    as `S2/W rstd^2`, trusted only when Newton converged and `K <=
 //!    2^36`); `y2` is kept when `Ea <= 2^-12.5 |y2|`, or `Ea <= 2^-25.2`
 //!    and `|y2| <= 2^-12`: in both cases `|f32(y2) - y| < half an
-//!    ulp16(y)`.
+//!    ulp16(y)`. The root, `K` and the convergence test are tier 1's own
+//!    ([`one_pass`], seeded by the f32 `rsqrt` of the variance, within
+//!    `2^-22.5`) where they wait in workgroup memory
+//!    ([`Precise::of_one_pass`]), and are formed again from the sums
+//!    (seeded by the fast path's `rstd`) where the sums wait in registers
+//!    ([`Precise::of`]).
 //! 3. **Exact variance** ([`exact_factor`], the whole wave when any lane
 //!    needs it): `Q = sum D_i^2` in f64 over the row (each `D_i` exact, 29
 //!    roundings at most: `2^-48.1 Q`), `var = Q / W^3`, the same Newton
@@ -78,9 +83,11 @@
 //! ([`super::ln_stats::moments`]); the affine LayerNorm and
 //! LayerNorm+gather entries run in small workgroups
 //! ([`wavefuse_shared::LN_AFFINE_BLOCK`]) so that these tiers' registers
-//! cost fewer resident warps, and park the row's f64 sums in workgroup
-//! memory across the fast loop (`layer_norm::Refine::Parked`: nothing of
-//! tiers 2 and 3 then lives in the fast path's registers); the 192-wide
+//! cost fewer resident warps, and park the row sum and tier 1's root and
+//! `K` in workgroup memory across the fast loop
+//! (`layer_norm::Refine::Parked`: nothing of tiers 2 and 3 then lives in
+//! the fast path's registers, and tier 2 has no Newton steps of its
+//! own); the 192-wide
 //! add+LayerNorm runs tiers 2 and 3 as a call on NVIDIA
 //! (`layer_norm::refine_row`), its fast path held to 32 registers.
 //! Measured cost on the H200: BENCHMARKS.md, ninth to eleventh,
@@ -140,6 +147,39 @@ pub fn precise_stats<const W: usize>(sums: RowSums, m: Mean, eps: f32) -> Option
     }
 }
 
+/// The root, `K` and Newton residual [`precise_stats`] forms, for tier 2
+/// ([`Precise::of_one_pass`]): the same operations on the same values, so
+/// that where both are called the compiler forms them once.
+#[inline(always)]
+pub fn one_pass<const W: usize>(sums: RowSums, eps: f32) -> OnePass {
+    let v = one_pass_var::<W>(sums, eps);
+    let (r, k, residual) = newton_rstd_residual::<W>(v, sums.sq, math::rsqrt(v as f32));
+    OnePass { r, k, residual }
+}
+
+/// The f64 root of a row's one-pass variance and that variance's `K`
+/// (module docs, tier 2), as [`precise_stats`] formed them: `r` from two
+/// Newton steps, `k = S2/W r^2`, and Newton's residual `v r^2 - 1` (`K`
+/// means something only where it is within 2^-30).
+#[derive(Clone, Copy)]
+pub struct OnePass {
+    /// The root, `(S2/W - (S/W)^2 + eps)^(-1/2)` in f64.
+    pub r: f64,
+    /// `K`.
+    pub k: f64,
+    /// `v r^2 - 1`.
+    pub residual: f64,
+}
+
+impl OnePass {
+    /// Not formed (the entries without the affine refinement).
+    pub const UNKNOWN: OnePass = OnePass {
+        r: f64::NAN,
+        k: f64::NAN,
+        residual: f64::NAN,
+    };
+}
+
 /// Tier 2's thresholds (module docs), rounded in the safe direction:
 /// `Ea` is scaled by at least 2^-48.7, compared with at most `2^-12.5 |y2|`
 /// or 2^-25.2 (for `|y2| <= 2^-12`); Newton counts as converged within
@@ -188,6 +228,21 @@ impl Precise {
             valid: converged && k <= K_MAX,
         }
     }
+
+    /// From tier 1's root and `K` ([`OnePass`]): the same factors as
+    /// [`Precise::of`] with Newton seeded by the `rsqrt` of the variance
+    /// in f32 (within `2^-22.5` of the root) rather than by the fast
+    /// path's `rstd` (within `2^-20.6`): two steps from either converge to
+    /// the root to f64 precision, and the convergence and `K` tests are the
+    /// same ones. No f64 work left for the rare path but `c`.
+    #[inline(always)]
+    pub fn of_one_pass<const W: usize>(p: OnePass) -> Self {
+        Precise {
+            c: p.r * (1.0 / W as f64),
+            err: (p.k + 1.0) * ERR_SCALE,
+            valid: abs64(p.residual) <= CONVERGED && p.k <= K_MAX,
+        }
+    }
 }
 
 /// The one-pass f64 variance's `rstd` (module docs, tier 2): `var = S2/W -
@@ -202,10 +257,17 @@ fn one_pass_rstd<const W: usize>(sums: RowSums, rstd: f32, eps: f32) -> (f64, f6
 /// squares `sq` and the f32 seed.
 #[inline(always)]
 fn newton_rstd<const W: usize>(v: f64, sq: f64, seed: f32) -> (f64, f64, bool) {
+    let (r, k, residual) = newton_rstd_residual::<W>(v, sq, seed);
+    (r, k, abs64(residual) <= CONVERGED)
+}
+
+/// [`newton_rstd`] with Newton's residual `v r^2 - 1` in place of the
+/// convergence test.
+#[inline(always)]
+fn newton_rstd_residual<const W: usize>(v: f64, sq: f64, seed: f32) -> (f64, f64, f64) {
     let r = rsqrt_newton(seed, v);
     let k = sq * (1.0 / W as f64) * r * r;
-    let conv = gpu::fma_f64(v * r, r, -1.0);
-    (r, k, abs64(conv) <= CONVERGED)
+    (r, k, gpu::fma_f64(v * r, r, -1.0))
 }
 
 /// The one-pass f64 variance plus `eps`: `S2/W - (S/W)^2 + eps`.
@@ -301,9 +363,10 @@ pub unsafe fn care_bits<const W: usize, const L: u32, const NV: usize>(
 /// Tier 2 for the lane's outputs `bits` (bit `j`: vector `j / 8`, half
 /// `j % 8`) of the row `io`, whose fast outputs are already stored: each
 /// one whose tier-2 bound holds is overwritten with tier 2's value, the
-/// others are left to tier 3 and returned. One output at a time through a
-/// loop over the set bits, with scalar reloads (L1) and stores: the rare
-/// path stays within the fast path's registers.
+/// others are left to tier 3 and returned. `sum` is the row's exact sum,
+/// `p` its factors ([`Precise::of`] or [`Precise::of_one_pass`]). One
+/// output at a time through a loop over the set bits, with scalar reloads
+/// (L1) and stores: the rare path stays within the fast path's registers.
 ///
 /// # Safety
 /// `io.x`, `io.y`, `g`, `b` valid for the row's `W` halves.
@@ -315,11 +378,9 @@ pub unsafe fn refine<const W: usize, const L: u32>(
     g: *const u16,
     b: *const u16,
     lane: usize,
-    sums: RowSums,
-    rstd: f32,
-    eps: f32,
+    sum: f64,
+    p: Precise,
 ) -> u32 {
-    let p = Precise::of::<W>(sums, rstd, eps);
     let mut hard = 0u32;
     while bits != 0 {
         let j = bits.trailing_zeros();
@@ -327,7 +388,7 @@ pub unsafe fn refine<const W: usize, const L: u32>(
         let at = offset_of::<L>(j, lane);
         // SAFETY: the output lies inside the row (caller contract).
         let [x, g, b] = unsafe { inputs_at(io.x, g, b, at) };
-        let d = W as f64 * f64::from(x) - sums.sum;
+        let d = W as f64 * f64::from(x) - sum;
         let go = d * p.c * f64::from(g);
         let y = go + f64::from(b);
         let ea = abs64(go) * p.err;
@@ -439,6 +500,7 @@ mod tests {
             f64::from(s) / f64::from(u32::MAX)
         };
         let (mut kept, mut refused) = (0, 0);
+        let mut tier2 = [0; 2];
         for case in 0..3000 {
             let offset = [0.0, 1.0, 100.0, 2048.0, 30000.0, 60000.0][case % 6];
             let spread = 2f64.powi((case / 6 % 13) as i32 - 6);
@@ -459,7 +521,24 @@ mod tests {
             let var = x.iter().map(|&v| (f64::from(v) - mu).powi(2)).sum::<f64>() / W as f64;
             let k = (var + mu * mu) / (var + f64::from(eps));
             let exact = 1.0 / (var + f64::from(eps)).sqrt();
-            match precise_stats::<W>(sums, m, eps) {
+            let (st1, one_pass) = (precise_stats::<W>(sums, m, eps), one_pass::<W>(sums, eps));
+            // Tier 2's factors from tier 1's root and K agree with those
+            // formed again from a seed within 2^-21 of the root.
+            let seed = (exact * (1.0 + 2f64.powi(-21))) as f32;
+            let (a, b) = (
+                Precise::of_one_pass::<W>(one_pass),
+                Precise::of::<W>(sums, seed, eps),
+            );
+            assert_eq!(a.valid, b.valid, "case {case}: K = 2^{}", k.log2());
+            tier2[usize::from(a.valid)] += 1;
+            if a.valid {
+                assert!((a.c / b.c - 1.0).abs() <= 2f64.powi(-50), "case {case}: c");
+                assert!(
+                    (a.err / b.err - 1.0).abs() <= 2f64.powi(-40),
+                    "case {case}: err"
+                );
+            }
+            match st1 {
                 Some(st) => {
                     assert!(k < 2f64.powi(21), "case {case}: K = 2^{} kept", k.log2());
                     let rel = (f64::from(st.rstd) - exact).abs() / exact;
@@ -482,6 +561,7 @@ mod tests {
             kept > 1000 && refused > 100,
             "kept {kept} refused {refused}"
         );
+        assert!(tier2[0] > 100 && tier2[1] > 1000, "tier 2 {tier2:?}");
         // A constant row with eps 0 has no rstd; NaN and Inf sums none.
         let c = sums_of(&[3.0; W]);
         assert!(precise_stats::<W>(c, super::super::ln_stats::mean_of::<W>(c.sum), 0.0).is_none());

@@ -91,6 +91,7 @@ use crate::gpu;
 use crate::math;
 
 use super::layer_norm::in_row;
+use super::ln_affine::OnePass;
 
 /// The row's exact sum and, for the affine outputs' refinement
 /// ([`super::ln_affine`]), its sum of squares in f64.
@@ -267,14 +268,15 @@ pub fn stats_of<const W: usize>(q: f32, m: Mean, eps: f32) -> Stats {
 /// by its [`offsets`] and returns what the output needs, with `SQ` (the
 /// affine outputs) also the sum of squares and whether the statistics are
 /// row-precise ([`super::ln_affine::precise_stats`]; always false without
-/// `SQ`). Every lane of the wave must call it (group reductions, and with
-/// `SQ` a wave vote).
+/// `SQ`) and, with `SQ`, tier 1's root and `K` ([`OnePass`], unknown
+/// without). Every lane of the wave must call it (group reductions, and
+/// with `SQ` a wave vote).
 #[inline(always)]
 pub fn moments<const W: usize, const L: u32, const NV: usize, const SQ: bool>(
     v: &mut [[f32; 8]; NV],
     lane: usize,
     eps: f32,
-) -> (Stats, RowSums, bool) {
+) -> (Stats, RowSums, bool, OnePass) {
     let sums = row_sums::<L, NV, SQ>(v);
     let m = mean_of::<W>(sums.sum);
     offsets::<W, L, NV>(v, m.hi, lane);
@@ -284,20 +286,22 @@ pub fn moments<const W: usize, const L: u32, const NV: usize, const SQ: bool>(
         // squares of the offsets only when a row of the wave lacks them
         // (the group reduction takes the whole wave).
         let p = super::ln_affine::precise_stats::<W>(sums, m, eps);
+        let one_pass = super::ln_affine::one_pass::<W>(sums, eps);
         let q = if gpu::wave_any(p.is_none()) {
             gpu::group_sum::<L>(lane_sq_sum(v))
         } else {
             0.0
         };
         return match p {
-            Some(p) => (p, sums, true),
-            None => (stats_of::<W>(q, m, eps), sums, false),
+            Some(p) => (p, sums, true, one_pass),
+            None => (stats_of::<W>(q, m, eps), sums, false, one_pass),
         };
     }
     (
         stats_of::<W>(gpu::group_sum::<L>(lane_sq_sum(v)), m, eps),
         sums,
         false,
+        OnePass::UNKNOWN,
     )
 }
 
