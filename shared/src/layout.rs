@@ -53,12 +53,12 @@ pub const fn ln_block(affine: bool) -> u32 {
 }
 
 /// Bytes of workgroup memory per thread in which the affine LayerNorm and
-/// LayerNorm+gather entries park four f64 across the fast loop: the row
-/// sum and tier 1's root, `K` and Newton residual of the one-pass
-/// variance, from which the refinement builds its factors (kept in
-/// registers instead, the sums cost the fast path registers and a spill:
-/// BENCHMARKS.md, twenty-third and twenty-fourth sessions).
-pub const LN_PARK_BYTES: u32 = 32;
+/// LayerNorm+gather entries park three f64 across the fast loop: the row
+/// sum and tier 1's root and `K` of the one-pass variance, from which the
+/// refinement builds its factors (kept in registers instead, the sums cost
+/// the fast path registers and a spill: BENCHMARKS.md, twenty-third and
+/// twenty-fourth sessions).
+pub const LN_PARK_BYTES: u32 = 24;
 
 /// Launch-sized workgroup memory of the LayerNorm and LayerNorm+gather
 /// entries: [`LN_PARK_BYTES`] per thread with affine, none without.

@@ -9,8 +9,8 @@ session, ROW_BLOCK before); `+aM`: its affine add+LayerNorm entry of width
 `+r2` two rows per 32-lane group (tried in the eleventh session); `+sK`:
 its affine LayerNorm and LayerNorm+gather entries get K bytes of
 workgroup memory per thread (`+s`: 16, the twenty-third session's
-wavefuse_shared::LN_PARK_BYTES, where they park the row sums; 32 since the
-twenty-fourth, `+s32`, the sum and tier 1's root, K and residual). Without
+wavefuse_shared::LN_PARK_BYTES, where they park the row sums; 24 since the
+twenty-fourth, `+s24`, the sum and tier 1's root and K). Without
 them a build gets the geometry of the kernels before (b82904f's `old`).
 
 Every build's kernels run on the same tensors (input sets rotated past the

@@ -187,18 +187,17 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     const { assert!(NV <= 4) };
     // Volatile, so that the compiler cannot forward the stored values to
     // the tiers' reads (which would keep them in registers across the
-    // loop). The slot is the four f64 the host's launch provides per
+    // loop). The slot is the three f64 the host's launch provides per
     // thread.
-    const { assert!(LN_PARK_BYTES as usize == 4 * core::mem::size_of::<f64>()) };
-    let park = gpu::workgroup_mem::<f64>().wrapping_add(4 * gpu::thread_id() as usize);
+    const { assert!(LN_PARK_BYTES as usize == 3 * core::mem::size_of::<f64>()) };
+    let park = gpu::workgroup_mem::<f64>().wrapping_add(3 * gpu::thread_id() as usize);
     if refine == Refine::Parked {
-        // SAFETY: the thread's own 32 bytes of the launch's workgroup
+        // SAFETY: the thread's own 24 bytes of the launch's workgroup
         // memory (caller contract), 8-byte aligned.
         unsafe {
             park.write_volatile(sums.sum);
             park.add(1).write_volatile(one_pass.r);
             park.add(2).write_volatile(one_pass.k);
-            park.add(3).write_volatile(one_pass.residual);
         }
     }
     // Tier 1's test on the packed f16 outputs ([`super::ln_affine`]): the
@@ -255,7 +254,6 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
                 Precise::of_one_pass::<W>(OnePass {
                     r: park.add(1).read_volatile(),
                     k: park.add(2).read_volatile(),
-                    residual: park.add(3).read_volatile(),
                 })
             };
             tiers::<W, L, NV>(

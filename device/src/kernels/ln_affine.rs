@@ -147,28 +147,29 @@ pub fn precise_stats<const W: usize>(sums: RowSums, m: Mean, eps: f32) -> Option
     }
 }
 
-/// The root, `K` and Newton residual [`precise_stats`] forms, for tier 2
+/// The root and `K` [`precise_stats`] forms, for tier 2
 /// ([`Precise::of_one_pass`]): the same operations on the same values, so
 /// that where both are called the compiler forms them once.
 #[inline(always)]
 pub fn one_pass<const W: usize>(sums: RowSums, eps: f32) -> OnePass {
     let v = one_pass_var::<W>(sums, eps);
-    let (r, k, residual) = newton_rstd_residual::<W>(v, sums.sq, math::rsqrt(v as f32));
-    OnePass { r, k, residual }
+    let (r, k, converged) = newton_rstd::<W>(v, sums.sq, math::rsqrt(v as f32));
+    OnePass {
+        r,
+        k: if converged { k } else { f64::NAN },
+    }
 }
 
 /// The f64 root of a row's one-pass variance and that variance's `K`
 /// (module docs, tier 2), as [`precise_stats`] formed them: `r` from two
-/// Newton steps, `k = S2/W r^2`, and Newton's residual `v r^2 - 1` (`K`
-/// means something only where it is within 2^-30).
+/// Newton steps, `k = S2/W r^2`, NaN where Newton did not converge within
+/// 2^-30 (so that no test on it passes).
 #[derive(Clone, Copy)]
 pub struct OnePass {
     /// The root, `(S2/W - (S/W)^2 + eps)^(-1/2)` in f64.
     pub r: f64,
-    /// `K`.
+    /// `K`, or NaN.
     pub k: f64,
-    /// `v r^2 - 1`.
-    pub residual: f64,
 }
 
 impl OnePass {
@@ -176,7 +177,6 @@ impl OnePass {
     pub const UNKNOWN: OnePass = OnePass {
         r: f64::NAN,
         k: f64::NAN,
-        residual: f64::NAN,
     };
 }
 
@@ -240,7 +240,7 @@ impl Precise {
         Precise {
             c: p.r * (1.0 / W as f64),
             err: (p.k + 1.0) * ERR_SCALE,
-            valid: abs64(p.residual) <= CONVERGED && p.k <= K_MAX,
+            valid: p.k <= K_MAX,
         }
     }
 }
@@ -257,17 +257,10 @@ fn one_pass_rstd<const W: usize>(sums: RowSums, rstd: f32, eps: f32) -> (f64, f6
 /// squares `sq` and the f32 seed.
 #[inline(always)]
 fn newton_rstd<const W: usize>(v: f64, sq: f64, seed: f32) -> (f64, f64, bool) {
-    let (r, k, residual) = newton_rstd_residual::<W>(v, sq, seed);
-    (r, k, abs64(residual) <= CONVERGED)
-}
-
-/// [`newton_rstd`] with Newton's residual `v r^2 - 1` in place of the
-/// convergence test.
-#[inline(always)]
-fn newton_rstd_residual<const W: usize>(v: f64, sq: f64, seed: f32) -> (f64, f64, f64) {
     let r = rsqrt_newton(seed, v);
     let k = sq * (1.0 / W as f64) * r * r;
-    (r, k, gpu::fma_f64(v * r, r, -1.0))
+    let conv = gpu::fma_f64(v * r, r, -1.0);
+    (r, k, abs64(conv) <= CONVERGED)
 }
 
 /// The one-pass f64 variance plus `eps`: `S2/W - (S/W)^2 + eps`.
