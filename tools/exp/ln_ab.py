@@ -13,6 +13,11 @@ wavefuse_shared::LN_PARK_BYTES, where they park the row sums; 24 since the
 twenty-fourth, `+s24`, the sum and tier 1's root and K). Without
 them a build gets the geometry of the kernels before (b82904f's `old`).
 
+`--table identity` / `--table nopad` replace the gather cases' window
+partition (Pangu's, with -1 padding rows) by `t -> t` over the source
+rows, or by the partition with its padding rows dropped (the twenty-fifth
+session: the gap of LayerNorm+gather is not its table).
+
 Every build's kernels run on the same tensors (input sets rotated past the
 L2), interleaved build by build and round by round; each timing is the
 median of N launches measured by CUDA events, the launches queued behind a
@@ -44,6 +49,8 @@ L2_BYTES = 50 << 20
 AFFINE_ALL = False
 # Set by --beta-scale: beta ~ N(0, BETA_SCALE), gamma ~ N(1, 0.5).
 BETA_SCALE = 0.5
+# Set by --table: the gather's index table (partition, identity, nopad).
+TABLE = "partition"
 
 
 def p(t):
@@ -119,6 +126,10 @@ def make(kind, shape, affine, dev):
         z, h, ww_, w = shape
         rows = z * h * ww_
         table = partition_table(z, h, ww_).to(dev)
+        if TABLE == "identity":
+            table = torch.arange(rows, dtype=torch.int32, device=dev)
+        elif TABLE == "nopad":
+            table = table[table >= 0].contiguous()
     n_out = table.numel() if table is not None else rows
     g = (torch.randn(w, device=dev) * 0.5 + 1).half() if affine else None
     b = (torch.randn(w, device=dev) * BETA_SCALE).half() if affine else None
@@ -189,9 +200,10 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--affine-all", action="store_true")
     ap.add_argument("--beta-scale", type=float, default=0.5)
+    ap.add_argument("--table", default="partition")
     a = ap.parse_args()
-    global AFFINE_ALL, BETA_SCALE
-    AFFINE_ALL, BETA_SCALE = a.affine_all, a.beta_scale
+    global AFFINE_ALL, BETA_SCALE, TABLE
+    AFFINE_ALL, BETA_SCALE, TABLE = a.affine_all, a.beta_scale, a.table
     dev = torch.device("cuda")
     mods = []
     for spec in a.builds:
