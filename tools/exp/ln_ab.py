@@ -13,11 +13,6 @@ wavefuse_shared::LN_PARK_BYTES, where they park the row sums; 24 since the
 twenty-fourth, `+s24`, the sum and tier 1's root and K). Without
 them a build gets the geometry of the kernels before (b82904f's `old`).
 
-`--table identity` / `--table nopad` replace the gather cases' window
-partition (Pangu's, with -1 padding rows) by `t -> t` over the source
-rows, or by the partition with its padding rows dropped (the twenty-fifth
-session: the gap of LayerNorm+gather is not its table).
-
 Every build's kernels run on the same tensors (input sets rotated past the
 L2), interleaved build by build and round by round; each timing is the
 median of N launches measured by CUDA events, the launches queued behind a
@@ -160,7 +155,8 @@ def make(kind, shape, affine, dev):
                        [p(s["x"]), p(s["br"]), p(s["r"]), p(s["y"]), p(g), p(b), u64(rows),
                         ctypes.c_float(EPS)])
         elif kind == "layer_norm_gather":
-            mod.launch("wf_layer_norm_gather" + suffix, -(-n_out // (blk // lanes)), blk,
+            rg = getattr(mod, "rows", 1) if affine else 1
+            mod.launch("wf_layer_norm_gather" + suffix, -(-n_out // (blk // lanes * rg)), blk,
                        [p(s["x"]), p(table), p(s["y"]), p(g), p(b), u64(n_out), u64(rows),
                         ctypes.c_float(EPS)], shared=getattr(mod, "shm", 0) * blk if affine else 0)
         else:
@@ -215,6 +211,8 @@ def main():
             d.ablk = int(path.split("+a")[1].split("+")[0])
         if "+r2" in path:
             d.arows = 2
+        if "+g" in path:
+            d.rows = int(path.split("+g")[1].split("+")[0])
         if "+s" in path:
             k = path.split("+s")[1].split("+")[0]
             d.shm = int(k) if k else 16
