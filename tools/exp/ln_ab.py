@@ -1,6 +1,6 @@
 """A/B timing of LayerNorm-family PTX builds in one process on one GPU.
 
-    python3 ln_ab.py NAME=PATH.ptx[@bN[+aM[+r2][+sK]]] [NAME=PATH.ptx ...] [--reps N] [--rounds R]
+    python3 ln_ab.py NAME=PATH.ptx[@bN[+aM[+r2][+sK][+gR]]] [NAME=PATH.ptx ...] [--reps N] [--rounds R]
 
 `@bN`: the build's affine LayerNorm and LayerNorm+gather entries run in
 N-thread workgroups (wavefuse_shared::ln_block; 64 since the eleventh
@@ -12,6 +12,15 @@ workgroup memory per thread (`+s`: 16, the twenty-third session's
 wavefuse_shared::LN_PARK_BYTES, where they park the row sums; 24 since the
 twenty-fourth, `+s24`, the sum and tier 1's root and K). Without
 them a build gets the geometry of the kernels before (b82904f's `old`).
+
+`+gR`: the build's affine LayerNorm+gather entries take R rows per row
+group, the grid divided by R (the twenty-fifth session's pipelined
+probe).
+
+`--table identity` / `--table nopad` replace the gather cases' window
+partition (Pangu's, with -1 padding rows) by `t -> t` over the source
+rows, or by the partition with its padding rows dropped (the twenty-fifth
+session: the gap of LayerNorm+gather is not its table).
 
 Every build's kernels run on the same tensors (input sets rotated past the
 L2), interleaved build by build and round by round; each timing is the
