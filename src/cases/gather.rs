@@ -1,8 +1,9 @@
 //! Window partition (pad + roll + partition) as an index gather, plain and
 //! fused with LayerNorm, on Pangu's grids with window (2,6,12), shift (1,3,6).
+use super::norm::{affine_params, affine_slices, upload_affine};
 use super::{Case, Checked, Instance, Rng, par_rows, par_update};
 use wavefuse::{
-    Device, DeviceBuffer, GatherPlan, add_layer_norm_gather, f16, gather, layer_norm_gather,
+    Affine, Device, DeviceBuffer, GatherPlan, add_layer_norm_gather, f16, gather, layer_norm_gather,
 };
 use wavefuse_shared::window::{Grid3, Shift3, Window3, WindowPlan};
 use wavefuse_suite::check::check_ln_row;
@@ -23,6 +24,8 @@ pub struct Gather {
     pub grid: [usize; 3],
     pub channels: usize,
     pub fuse: Fuse,
+    /// With gamma and beta (the LayerNorm of `Ln` and `AddLn`).
+    pub affine: bool,
 }
 
 fn plan(grid: [usize; 3]) -> Result<WindowPlan, String> {
@@ -44,6 +47,8 @@ struct GatherSet {
     table: Vec<i32>,
     src_host: Vec<f16>,
     branch_host: Vec<f16>,
+    gb_host: Option<(Vec<f16>, Vec<f16>)>,
+    gb: Option<(DeviceBuffer<f16>, DeviceBuffer<f16>)>,
     plan: GatherPlan,
     src: DeviceBuffer<f16>,
     branch: DeviceBuffer<f16>,
@@ -54,10 +59,15 @@ struct GatherSet {
 
 impl Case for Gather {
     fn name(&self) -> String {
-        match self.fuse {
-            Fuse::None => "gather".into(),
-            Fuse::Ln => "layer_norm_gather".into(),
-            Fuse::AddLn => "add_layer_norm_gather".into(),
+        let name = match self.fuse {
+            Fuse::None => "gather",
+            Fuse::Ln => "layer_norm_gather",
+            Fuse::AddLn => "add_layer_norm_gather",
+        };
+        if self.affine {
+            format!("{name}_affine")
+        } else {
+            name.into()
         }
     }
     fn shape(&self) -> String {
@@ -76,6 +86,11 @@ impl Case for Gather {
             0
         };
         2 * self.channels * (n_in + n_out + extra)
+            + if self.affine {
+                2 * 2 * self.channels
+            } else {
+                0
+            }
     }
     fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
         let p = plan(self.grid).map_err(|why| wavefuse::Error::BadParameter {
@@ -93,7 +108,10 @@ impl Case for Gather {
         } else {
             Vec::new()
         };
+        let gb_host = self.affine.then(|| affine_params(&mut rng, self.channels));
         Ok(Box::new(GatherSet {
+            gb: upload_affine(dev, &gb_host)?,
+            gb_host,
             c: self.channels,
             fuse: self.fuse,
             plan: GatherPlan::new(dev, &table, n_in)?,
@@ -112,6 +130,8 @@ impl Instance for GatherSet {
     fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
         self.launches += 1;
         let mut out = self.out.view_mut();
+        let views = self.gb.as_ref().map(|(g, b)| (g.view(), b.view()));
+        let affine = views.as_ref().map(|(gamma, beta)| Affine { gamma, beta });
         match self.fuse {
             Fuse::None => gather(dev, &self.plan, &self.src.view(), &mut out, self.c),
             Fuse::Ln => layer_norm_gather(
@@ -120,7 +140,7 @@ impl Instance for GatherSet {
                 &self.src.view(),
                 &mut out,
                 self.c,
-                None,
+                affine,
                 1e-5,
             ),
             Fuse::AddLn => {
@@ -132,7 +152,7 @@ impl Instance for GatherSet {
                     &b,
                     &mut out,
                     self.c,
-                    None,
+                    affine,
                     1e-5,
                 )
             }
@@ -178,7 +198,8 @@ impl Instance for GatherSet {
                 }
                 return Ok(0.0);
             }
-            check_ln_row(got, s, None, None, 1e-5).map_err(|e| format!("token {t}: {e}"))
+            let (g, b) = affine_slices(&self.gb_host);
+            check_ln_row(got, s, g, b, 1e-5).map_err(|e| format!("token {t}: {e}"))
         })?;
         Ok(Checked {
             max_err_ulp: worst,

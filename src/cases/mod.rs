@@ -118,8 +118,20 @@ pub fn all(full: bool) -> Vec<Box<dyn Case>> {
         affine: true,
     }));
     for &(r, w) in rows {
-        v.push(Box::new(norm::AddLayerNorm { rows: r, width: w }));
+        v.push(Box::new(norm::AddLayerNorm {
+            rows: r,
+            width: w,
+            affine: false,
+        }));
     }
+    // Pangu's LayerNorms all carry gamma and beta: the affine form of each
+    // fused entry at its first shape (the exact path's refinement runs
+    // only there).
+    v.push(Box::new(norm::AddLayerNorm {
+        rows: rows[0].0,
+        width: rows[0].1,
+        affine: true,
+    }));
     let grids: &[([usize; 3], usize)] = if full {
         &[
             ([8, 91, 180], 192),
@@ -135,6 +147,15 @@ pub fn all(full: bool) -> Vec<Box<dyn Case>> {
                 grid: g,
                 channels: c,
                 fuse,
+                affine: false,
+            }));
+        }
+        if fuse != gather::Fuse::None {
+            v.push(Box::new(gather::Gather {
+                grid: grids[0].0,
+                channels: grids[0].1,
+                fuse,
+                affine: true,
             }));
         }
     }

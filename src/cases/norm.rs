@@ -36,16 +36,8 @@ impl Case for LayerNorm {
     fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
         let mut rng = Rng(seed);
         let x_host = rng.uniform_halves(self.rows * self.width, 2.0, 0.25);
-        let gb_host = self.affine.then(|| {
-            (
-                rng.uniform_halves(self.width, 0.5, 1.0),
-                rng.uniform_halves(self.width, 0.5, 0.0),
-            )
-        });
-        let gb = match &gb_host {
-            Some((g, b)) => Some((dev.upload(g)?, dev.upload(b)?)),
-            None => None,
-        };
+        let gb_host = self.affine.then(|| affine_params(&mut rng, self.width));
+        let gb = upload_affine(dev, &gb_host)?;
         Ok(Box::new(LayerNormSet {
             width: self.width,
             x: dev.upload(&x_host)?,
@@ -82,10 +74,7 @@ impl Instance for LayerNormSet {
     fn check(&mut self, _dev: &Device) -> Result<Checked, String> {
         let y = self.y.download().map_err(|e| e.to_string())?;
         let w = self.width;
-        let (g, b) = match &self.gb_host {
-            Some((g, b)) => (Some(g.as_slice()), Some(b.as_slice())),
-            None => (None, None),
-        };
+        let (g, b) = affine_slices(&self.gb_host);
         let worst = par_rows(self.x_host.len() / w, |r| {
             let s = r * w..(r + 1) * w;
             check_ln_row(&y[s.clone()], &self.x_host[s], g, b, 1e-5)
@@ -103,47 +92,58 @@ impl Instance for LayerNormSet {
 pub struct AddLayerNorm {
     pub rows: usize,
     pub width: usize,
+    pub affine: bool,
 }
 
 struct AddLayerNormSet {
     width: usize,
     r_host: Vec<f16>,
     b_host: Vec<f16>,
+    gb_host: Option<(Vec<f16>, Vec<f16>)>,
     r: DeviceBuffer<f16>,
     b: DeviceBuffer<f16>,
     r_out: DeviceBuffer<f16>,
     y: DeviceBuffer<f16>,
+    gb: Option<(DeviceBuffer<f16>, DeviceBuffer<f16>)>,
 }
 
 impl Case for AddLayerNorm {
     fn name(&self) -> String {
-        "add_layer_norm".into()
+        if self.affine {
+            "add_layer_norm_affine".into()
+        } else {
+            "add_layer_norm".into()
+        }
     }
     fn shape(&self) -> String {
         format!("[{},{}]", self.rows, self.width)
     }
     fn bytes(&self) -> usize {
-        4 * 2 * self.rows * self.width
+        4 * 2 * self.rows * self.width + if self.affine { 2 * 2 * self.width } else { 0 }
     }
     fn setup(&self, dev: &Device, seed: u64) -> wavefuse::Result<Box<dyn Instance>> {
         let mut rng = Rng(seed);
         let n = self.rows * self.width;
         let r_host = rng.uniform_halves(n, 4.0, 0.5);
         let b_host = rng.uniform_halves(n, 1.0, 0.0);
+        let gb_host = self.affine.then(|| affine_params(&mut rng, self.width));
         Ok(Box::new(AddLayerNormSet {
             width: self.width,
             r: dev.upload(&r_host)?,
             b: dev.upload(&b_host)?,
             r_out: dev.upload(&vec![f16::NAN; n])?,
             y: dev.upload(&vec![f16::NAN; n])?,
+            gb: upload_affine(dev, &gb_host)?,
             r_host,
             b_host,
+            gb_host,
         }))
     }
 }
 
 impl Instance for AddLayerNormSet {
     fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
+        let views = self.gb.as_ref().map(|(g, b)| (g.view(), b.view()));
         add_layer_norm_to(
             dev,
             &self.r.view(),
@@ -151,7 +151,7 @@ impl Instance for AddLayerNormSet {
             &mut self.r_out.view_mut(),
             &mut self.y.view_mut(),
             self.width,
-            None,
+            views.as_ref().map(|(gamma, beta)| Affine { gamma, beta }),
             1e-5,
         )
     }
@@ -175,12 +175,41 @@ impl Instance for AddLayerNormSet {
                     "row {r}: residual_out is not the bit-exact f16 sum"
                 ));
             }
-            check_ln_row(&y[r * w..(r + 1) * w], &sum, None, None, 1e-5)
+            let (g, b) = affine_slices(&self.gb_host);
+            check_ln_row(&y[r * w..(r + 1) * w], &sum, g, b, 1e-5)
                 .map_err(|e| format!("row {r}: {e}"))
         })?;
         Ok(Checked {
             max_err_ulp: worst,
             outputs: ro.len() + y.len(),
         })
+    }
+}
+
+/// Gamma around 1 and beta around 0, each spread by 0.5: many outputs
+/// where `o gamma + beta` cancels, which the affine refinement redoes.
+pub fn affine_params(rng: &mut Rng, width: usize) -> (Vec<f16>, Vec<f16>) {
+    (
+        rng.uniform_halves(width, 0.5, 1.0),
+        rng.uniform_halves(width, 0.5, 0.0),
+    )
+}
+
+/// The device copies of [`affine_params`]' vectors, when there are any.
+pub fn upload_affine(
+    dev: &Device,
+    gb: &Option<(Vec<f16>, Vec<f16>)>,
+) -> wavefuse::Result<Option<(DeviceBuffer<f16>, DeviceBuffer<f16>)>> {
+    Ok(match gb {
+        Some((g, b)) => Some((dev.upload(g)?, dev.upload(b)?)),
+        None => None,
+    })
+}
+
+/// Gamma and beta as the row check takes them.
+pub fn affine_slices(gb: &Option<(Vec<f16>, Vec<f16>)>) -> (Option<&[f16]>, Option<&[f16]>) {
+    match gb {
+        Some((g, b)) => (Some(g.as_slice()), Some(b.as_slice())),
+        None => (None, None),
     }
 }
