@@ -40,6 +40,7 @@ Byte formulas (f16 = 2 bytes; must equal the harness's Case::bytes()):
   layer_norm [R,C]          2*R*C (x) + 2*R*C (y)                  = 4*R*C
   layer_norm_affine [R,C]   4*R*C + 2*C (gamma) + 2*C (beta)       = 4*R*C + 4*C
   add_layer_norm [R,C]      residual + branch read, r and y written = 8*R*C
+  add_layer_norm_affine     8*R*C + 2*C (gamma) + 2*C (beta)       = 8*R*C + 4*C
   gather 8xHxWxC            read the grid once, write the padded windowed
                             tokens once: 2*C*(Z*H*W) + 2*C*(Zp*Hp*Wp)
                             (Zp, Hp, Wp = Z, H, W rounded up to the window
@@ -49,6 +50,7 @@ Byte formulas (f16 = 2 bytes; must equal the harness's Case::bytes()):
                             implementation and is not counted; it is recorded
                             as index_bytes.
   layer_norm_gather         the same as gather: 2*C*(Z*H*W + Zp*Hp*Wp)
+  layer_norm_gather_affine  that + 4*C (gamma and beta)
   bias_gelu [R,C]           x read, y written, bias read once = 4*R*C + 2*C
   qkv_split NxH             qkv [N*144, 3*32*H] read (2*N*144*96*H), q, k, v
                             [N,H,144,32] written (3 * 2*N*H*144*32)
@@ -175,6 +177,11 @@ def op_add_layer_norm(residual, branch):
     return r, F.layer_norm(r, (r.shape[-1],), eps=1e-5)
 
 
+def op_add_layer_norm_affine(residual, branch, w, b):
+    r = residual + branch
+    return r, F.layer_norm(r, (r.shape[-1],), w, b, eps=1e-5)
+
+
 def window_partition(x):
     """Pangu's pad + roll + window partition of a [Z, H, W, C] tensor to
     [n_windows * 144, C] (windows row-major in (z, h, w), tokens row-major
@@ -196,6 +203,10 @@ def op_gather(x):
 
 def op_layer_norm_gather(x):
     return window_partition(F.layer_norm(x, (x.shape[-1],), eps=1e-5))
+
+
+def op_layer_norm_gather_affine(x, w, b):
+    return window_partition(F.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5))
 
 
 def op_gather_index_select(src_ext, idx):
@@ -315,6 +326,10 @@ def row_cases():
     for r, c in ln:
         out.append(Case("add_layer_norm", f"[{r},{c}]", 8 * r * c, op_add_layer_norm,
                         lambda r=r, c=c: (randn((r, c), 2.0), randn((r, c), 1.0))))
+    r, c = ln[0]
+    out.append(Case("add_layer_norm_affine", f"[{r},{c}]", 8 * r * c + 4 * c, op_add_layer_norm_affine,
+                    lambda r=r, c=c: (randn((r, c), 2.0), randn((r, c), 1.0), randn((c,), 0.5, 1.0),
+                                      randn((c,), 0.5))))
     return out
 
 
@@ -355,6 +370,11 @@ def gather_cases():
         shape = f"{z}x{h}x{w}x{c}"
         out.append(Case("layer_norm_gather", shape, gather_bytes(z, h, w, c), op_layer_norm_gather,
                         lambda z=z, h=h, w=w, c=c: (randn((z, h, w, c), 2.0, 0.25),)))
+    z, h, w, c = GRIDS[0]
+    out.append(Case("layer_norm_gather_affine", f"{z}x{h}x{w}x{c}", gather_bytes(z, h, w, c) + 4 * c,
+                    op_layer_norm_gather_affine,
+                    lambda z=z, h=h, w=w, c=c: (randn((z, h, w, c), 2.0, 0.25), randn((c,), 0.5, 1.0),
+                                                randn((c,), 0.5))))
     return out
 
 
