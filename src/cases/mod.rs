@@ -124,9 +124,9 @@ pub fn all(full: bool) -> Vec<Box<dyn Case>> {
             affine: false,
         }));
     }
-    // Pangu's LayerNorms all carry gamma and beta: the affine form of each
-    // fused entry at its first shape (the exact path's refinement runs
-    // only there).
+    // Pangu's LayerNorms all carry gamma and beta, and only the affine
+    // entries run the exact path's refinement: the affine form of each
+    // fused entry at its first shape.
     v.push(Box::new(norm::AddLayerNorm {
         rows: rows[0].0,
         width: rows[0].1,
