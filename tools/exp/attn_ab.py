@@ -1,6 +1,6 @@
 """A/B timing of window-attention PTX builds in one process on one GPU.
 
-    python3 attn_ab.py NAME=PATH.ptx[@BYTES][#1d|#2d] [...] [--qkv-bias] [--compile]
+    python3 attn_ab.py NAME=PATH.ptx[@BYTES][%THREADS][#1d|#2d] [...] [--qkv-bias] [--compile]
                        [--slot-maps] [--reps N] [--out FILE.jsonl]
 
 A build is an sm_90 PTX of the device crate (`host/kernels/sm_90.ptx` of a
@@ -24,7 +24,9 @@ rounded sum, BENCHMARKS.md), as "max err/bound" (above 1: a wrong kernel). With 
 QKV bias the reference adds it as the kernel does, f16(x + b).
 
 `@BYTES` launches that build with BYTES of workgroup memory instead of
-wf_launch.ATTN_SHARED_BYTES (a build whose geometry differs). Builds are
+wf_launch.ATTN_SHARED_BYTES (a build whose geometry differs); `%THREADS`
+launches it with THREADS threads per workgroup instead of
+wf_launch.ATTN_WAVES * 32. Builds are
 launched on a grid of (heads, windows) workgroups (the kernel reads its
 head and window from the block's x and y; `#2d` says so explicitly);
 `#1d` launches windows * heads workgroups (a build from before the
@@ -119,13 +121,15 @@ def main():
     for b in args.builds:
         name, _, path = b.partition("=")
         path, _, grid = path.partition("#")
+        path, _, threads = path.partition("%")
         path, _, shared = path.partition("@")
         if not path or grid not in ("", "1d", "2d"):
-            ap.error(f"{b}: expected NAME=PATH.ptx[@BYTES][#1d|#2d]")
-        key = (path, shared, grid)
+            ap.error(f"{b}: expected NAME=PATH.ptx[@BYTES][%THREADS][#1d|#2d]")
+        key = (path, shared, threads, grid)
         if key not in drivers:
             drivers[key] = wf_launch.Driver(path)
             drivers[key].shared = int(shared) if shared else wf_launch.ATTN_SHARED_BYTES
+            drivers[key].threads = int(threads) if threads else wf_launch.ATTN_WAVES * 32
             drivers[key].grid1d = grid == "1d"
         builds.append((name, drivers[key]))
     ahead = peers.Ahead(True)
@@ -136,7 +140,7 @@ def main():
             drv.cu.cuFuncSetAttribute(f, wf_launch.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                       ctypes.c_int(drv.shared))
             drv._check(drv.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                ctypes.byref(n), f, ctypes.c_int(wf_launch.ATTN_WAVES * 32),
+                ctypes.byref(n), f, ctypes.c_int(drv.threads),
                 ctypes.c_size_t(drv.shared)), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
             log(f"{path} {entry}: {n.value} workgroups per SM resident")
 
