@@ -1,6 +1,6 @@
 """A/B timing of window-attention PTX builds in one process on one GPU.
 
-    python3 attn_ab.py NAME=PATH.ptx[@BYTES][%THREADS][#1d|#2d] [...] [--qkv-bias] [--compile]
+    python3 attn_ab.py NAME=PATH.ptx[@BYTES][%THREADS][#1d|#2d|#2h] [...] [--qkv-bias] [--compile]
                        [--slot-maps] [--reps N] [--out FILE.jsonl]
 
 A build is an sm_90 PTX of the device crate (`host/kernels/sm_90.ptx` of a
@@ -30,7 +30,9 @@ wf_launch.ATTN_WAVES * 32. Builds are
 launched on a grid of (heads, windows) workgroups (the kernel reads its
 head and window from the block's x and y; `#2d` says so explicitly);
 `#1d` launches windows * heads workgroups (a build from before the
-eighteenth session, which divides the block index by the head count). Each build's entries first report how many workgroups of the launch's
+eighteenth session, which divides the block index by the head count);
+`#2h` launches (heads / 2, windows) workgroups (the twenty-eighth
+session's two-heads-per-workgroup probe). Each build's entries first report how many workgroups of the launch's
 size stay resident per SM (the CUDA occupancy calculator).
 
 The fourteenth session's runs x1-x4 and G3 (BENCHMARKS.md) used this
@@ -123,14 +125,15 @@ def main():
         path, _, grid = path.partition("#")
         path, _, threads = path.partition("%")
         path, _, shared = path.partition("@")
-        if not path or grid not in ("", "1d", "2d"):
-            ap.error(f"{b}: expected NAME=PATH.ptx[@BYTES][%THREADS][#1d|#2d]")
+        if not path or grid not in ("", "1d", "2d", "2h"):
+            ap.error(f"{b}: expected NAME=PATH.ptx[@BYTES][%THREADS][#1d|#2d|#2h]")
         key = (path, shared, threads, grid)
         if key not in drivers:
             drivers[key] = wf_launch.Driver(path)
             drivers[key].shared = int(shared) if shared else wf_launch.ATTN_SHARED_BYTES
             drivers[key].threads = int(threads) if threads else wf_launch.ATTN_WAVES * 32
             drivers[key].grid1d = grid == "1d"
+            drivers[key].hpw = 2 if grid == "2h" else 1
         builds.append((name, drivers[key]))
     ahead = peers.Ahead(True)
     for (path, *_), drv in drivers.items():
