@@ -131,8 +131,8 @@ def window_attention(drv, windows, heads, n_types, n_slots, name="wf_window_atte
         # and grid (tools/exp/attn_ab.py's NAME=PATH@BYTES%THREADS#1d: windows *
         # heads workgroups, the kernels before the eighteenth session; #2h:
         # (heads / 2, windows), a probe's two heads per workgroup).
-        grid = (windows * heads if getattr(drv, "grid1d", False)
-                else (heads // getattr(drv, "hpw", 1), windows))
+        form = getattr(drv, "grid", "")
+        grid = windows * heads if form == "1d" else (heads // (2 if form == "2h" else 1), windows)
         drv.launch(name, grid, getattr(drv, "threads", ATTN_WAVES * 32),
                    [ptr(qkv), ctypes.c_uint64(0) if qkv_bias is None else ptr(qkv_bias), ptr(out),
                     ptr(bias), ptr(labels), ptr(ty), ptr(sl),

@@ -132,8 +132,7 @@ def main():
             drivers[key] = wf_launch.Driver(path)
             drivers[key].shared = int(shared) if shared else wf_launch.ATTN_SHARED_BYTES
             drivers[key].threads = int(threads) if threads else wf_launch.ATTN_WAVES * 32
-            drivers[key].grid1d = grid == "1d"
-            drivers[key].hpw = 2 if grid == "2h" else 1
+            drivers[key].grid = grid
         builds.append((name, drivers[key]))
     ahead = peers.Ahead(True)
     for (path, *_), drv in drivers.items():
