@@ -95,6 +95,8 @@ pub enum PlanError {
     /// The padded grid overflows `usize` or has more tokens than INT32
     /// token indices can name.
     TooManyTokens,
+    /// A periodic axis ([`WindowPlan::periodic_w`]) would be padded.
+    PeriodicPadded,
 }
 
 /// Tables that move tokens between a grid and its (shifted) windows.
@@ -104,6 +106,7 @@ pub struct WindowPlan {
     window: Window3,
     shift: Shift3,
     padded: Grid3,
+    periodic_w: bool,
 }
 
 /// Deduplicated shifted-window attention masks.
@@ -165,7 +168,29 @@ impl WindowPlan {
                 h: p[1],
                 w: p[2],
             },
+            periodic_w: false,
         })
+    }
+
+    /// The same plan with a periodic last axis (longitude on a global
+    /// grid, as in Pangu-Weather): the shift wraps real neighbours around,
+    /// so the mask of [`WindowPlan::mask_slots`] cuts regions along the
+    /// first two axes only (Pangu's 9 level x latitude regions). A periodic
+    /// axis must not be padded: its extent must be a multiple of the
+    /// window.
+    pub fn periodic_w(self) -> Result<WindowPlan, PlanError> {
+        if !self.grid.w.is_multiple_of(self.window.w) {
+            return Err(PlanError::PeriodicPadded);
+        }
+        Ok(WindowPlan {
+            periodic_w: true,
+            ..self
+        })
+    }
+
+    /// Whether the last axis is periodic ([`WindowPlan::periodic_w`]).
+    pub fn is_periodic_w(&self) -> bool {
+        self.periodic_w
     }
 
     /// The original (unpadded) grid.
@@ -312,7 +337,13 @@ impl WindowPlan {
         self.for_each_out(|out, pz, ph, pw| {
             let rz = axis_region(pz, p.z, win.z, s.z);
             let rh = axis_region(ph, p.h, win.h, s.h);
-            let rw = axis_region(pw, p.w, win.w, s.w);
+            // A periodic axis is one region: its shifted tokens are real
+            // neighbours.
+            let rw = if self.periodic_w {
+                0
+            } else {
+                axis_region(pw, p.w, win.w, s.w)
+            };
             // < 27.
             ids[out] = ((rz * REGIONS_PER_AXIS + rh) * REGIONS_PER_AXIS + rw) as u16;
         });
@@ -792,6 +823,37 @@ mod tests {
         }
         // The full mask reference on the smaller shifted grid.
         check_mask(&plan((8, 91, 180), (2, 6, 12), (1, 3, 6)));
+    }
+
+    #[test]
+    fn periodic_longitude_masks_level_and_latitude_only() {
+        let p = plan((8, 181, 360), (2, 6, 12), (1, 3, 6))
+            .periodic_w()
+            .expect("360 is a multiple of 12");
+        assert!(p.is_periodic_w());
+        let ids = p.window_region_ids();
+        let t = p.tokens_per_window();
+        let n = p.windows_per_axis();
+        let mut distinct: Vec<u16> = ids.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        // 3 level x 3 latitude regions.
+        assert_eq!(distinct.len(), 9);
+        // The last longitude window of an interior (level, latitude) window
+        // row is one region (the non-periodic plan splits it in two).
+        let last_lon = n.w - 1;
+        let w = last_lon;
+        assert!(ids[w * t..(w + 1) * t].iter().all(|&r| r == ids[w * t]));
+        let swin = plan((8, 181, 360), (2, 6, 12), (1, 3, 6));
+        let sids = swin.window_region_ids();
+        assert!(sids[w * t..(w + 1) * t].iter().any(|&r| r != sids[w * t]));
+        // Interior / last window along level and latitude only.
+        assert_eq!(p.mask_slots().n_slots, 4);
+        // A padded periodic axis is refused.
+        assert_eq!(
+            plan((8, 181, 350), (2, 6, 12), (1, 3, 6)).periodic_w(),
+            Err(PlanError::PeriodicPadded)
+        );
     }
 
     #[test]
