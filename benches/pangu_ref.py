@@ -12,7 +12,7 @@ LayerNorm, MLP (Linear, exact GELU, Linear), residual.
 Commands (needs only torch; no network, no safetensors package, no Rust):
   pangu_ref.py gen   --dir D [--scales s1,s2] [--seed N]
       seeded random weights + input, rounded to f16, written once as
-      D/pangu_<scale>.safetensors (the names candle/src/pangu/weights.rs reads)
+      D/pangu_<scale>.safetensors (the names pangu/src/stage/weights.rs reads)
   pangu_ref.py check --dir D [--scales s1,s2]
       gate 2: max and RMS error against the f32 reference of PyTorch's own
       f16 output and of every candle output D/out_<build>_<scale>.safetensors

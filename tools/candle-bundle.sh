@@ -20,9 +20,9 @@ cd "$(dirname "$0")/.."
 eval "$(bash tools/cuda-toolkit.sh)"
 # sm_90 PTX for wavefuse's kernels (the H200); no AMD objects in this binary.
 export WAVEFUSE_AMD_ARCHS= WAVEFUSE_PTX_ARCHS=sm_90
-cargo build --release -p wavefuse-candle --features cuda --example pangu_stage --target-dir target/cuda
+cargo build --release -p pangu --features cuda --example pangu_stage --target-dir target/cuda
 # The adapter's test binaries (CUDA cases run when WAVEFUSE_REQUIRE=cuda).
-tests=$(cargo test --release -p wavefuse-candle --features cuda --no-run --target-dir target/cuda \
+tests=$(cargo test --release -p wavefuse-candle -p pangu --features cuda --no-run --target-dir target/cuda \
   --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:

@@ -1,5 +1,4 @@
-//! wavefuse in candle: every wavefuse kernel as a candle op, and the
-//! Pangu-Weather transformer stage written on candle.
+//! wavefuse in candle: every wavefuse kernel as a candle op.
 //!
 //! # The ops
 //! Each kernel is a candle `CustomOp1/2/3` (fresh output) or
@@ -45,13 +44,9 @@
 //! name the op and the argument too; wavefuse's own checks (widths,
 //! aliasing, devices) come back as candle errors prefixed with the op.
 //!
-//! # The stage
-//! [`pangu`] holds the Pangu-Weather stage written once against
-//! [`pangu::StageOps`], run either with candle's own ops
-//! ([`pangu::CandleOps`]) or with these ops wherever one applies
-//! ([`pangu::WavefuseOps`]); the GEMMs are cuBLAS in both (candle's, and
-//! the wavefuse build's Linears through [`linear`], cuBLASLt with the bias
-//! in the epilogue).
+//! # The model
+//! The Pangu-Weather model built on these ops is the `pangu` crate of this
+//! workspace; this crate holds the ops only.
 #![deny(missing_docs)]
 
 #[macro_use]
@@ -63,7 +58,6 @@ mod gather;
 mod gelu;
 mod layer_norm;
 mod linear;
-pub mod pangu;
 mod qkv;
 
 pub use attn::{

@@ -5,9 +5,7 @@
 mod oracle;
 
 use candle_core::{DType, Device, Tensor};
-use wavefuse_candle::pangu::{
-    self, CandleOps, Stage, StageConfig, StageOps, WavefuseOps, Windowing,
-};
+use pangu::stage::{self, CandleOps, Stage, StageConfig, StageOps, WavefuseOps, Windowing};
 use wavefuse_shared::window::Shift3;
 
 const CFG: StageConfig = StageConfig::TINY;
@@ -24,7 +22,7 @@ fn to64(x: &Tensor) -> Vec<f64> {
 /// Runs `blocks` blocks of the candle build and the oracle on fresh
 /// weights; returns (max, rms) of the difference and the output RMS.
 fn check(seed: u64, bias_range: f32, blocks: usize, dtype: DType) -> ((f64, f64), f64) {
-    let t = pangu::weights::random_weights(&CFG, seed, bias_range).unwrap();
+    let t = stage::weights::random_weights(&CFG, seed, bias_range).unwrap();
     let dev = Device::Cpu;
     let stage = Stage::load(CFG, &t, &dev, dtype).unwrap();
     let ops = CandleOps::new(CFG.dim, dtype, &dev).unwrap();
@@ -96,7 +94,7 @@ fn partition_agrees_with_planner_tables() {
             .flat_map(|k| [(k + 1) as f32, -((k + 1) as f32)])
             .collect();
         let x = Tensor::from_vec(ids, (n, 2), &dev).unwrap();
-        let y = pangu::partition(&x, &win)
+        let y = stage::partition(&x, &win)
             .unwrap()
             .to_vec2::<f32>()
             .unwrap();
@@ -106,7 +104,7 @@ fn partition_agrees_with_planner_tables() {
             let want = if src < 0 { 0.0 } else { (src + 1) as f32 };
             assert_eq!(row, &[want, -want]);
         }
-        let back = pangu::unpartition(&pangu::partition(&x, &win).unwrap(), &win).unwrap();
+        let back = stage::unpartition(&stage::partition(&x, &win).unwrap(), &win).unwrap();
         assert_eq!(back.to_vec2::<f32>().unwrap(), x.to_vec2::<f32>().unwrap());
         // The reverse table names, for each grid token, the windowed row
         // that holds it.
@@ -120,13 +118,13 @@ fn partition_agrees_with_planner_tables() {
 #[test]
 fn missing_or_misshaped_weights_are_errors() {
     let dev = Device::Cpu;
-    let mut t = pangu::weights::random_weights(&CFG, 5, 1.0).unwrap();
+    let mut t = stage::weights::random_weights(&CFG, 5, 1.0).unwrap();
     t.remove("b1.fc2.bias");
     let e = Stage::load(CFG, &t, &dev, DType::F16)
         .unwrap_err()
         .to_string();
     assert!(e.contains("b1.fc2.bias") && e.contains("missing"), "{e}");
-    let mut t = pangu::weights::random_weights(&CFG, 5, 1.0).unwrap();
+    let mut t = stage::weights::random_weights(&CFG, 5, 1.0).unwrap();
     t.insert(
         "b0.qkv.weight".into(),
         Tensor::zeros((3, 3), DType::F16, &dev).unwrap(),
@@ -145,7 +143,7 @@ fn wavefuse_stage_matches_f64_oracle() {
     let cfg = StageConfig::TINY192;
     let dev = Device::Cpu;
     for (seed, blocks) in [(1u64, 2), (4, 1)] {
-        let t = pangu::weights::random_weights(&cfg, seed, 2.0).unwrap();
+        let t = stage::weights::random_weights(&cfg, seed, 2.0).unwrap();
         let stage = Stage::load(cfg, &t, &dev, DType::F16).unwrap();
         let x = stage.input(&t, &dev).unwrap();
         let x_before = to64(&x);
@@ -183,7 +181,7 @@ fn wavefuse_stage_matches_f64_oracle() {
 fn probe_reports_the_steps() {
     let cfg = StageConfig::TINY192;
     let dev = Device::Cpu;
-    let t = pangu::weights::random_weights(&cfg, 2, 1.0).unwrap();
+    let t = stage::weights::random_weights(&cfg, 2, 1.0).unwrap();
     let stage = Stage::load(cfg, &t, &dev, DType::F16).unwrap();
     let x = stage.input(&t, &dev).unwrap();
     for (ops, attention) in [
@@ -305,4 +303,55 @@ fn attention_step_matches_f64_oracle() {
         cm < 4.0 * ATT_MAX && cr < 4.0 * ATT_RMS,
         "candle: max {cm} rms {cr}"
     );
+}
+
+/// The CUDA device, when this build has candle's CUDA backend and a GPU
+/// opens; fails (never skips) when `WAVEFUSE_REQUIRE` names cuda and it is
+/// absent.
+// The returns are needed in the build without the `cuda` feature.
+#[allow(clippy::needless_return)]
+fn cuda() -> Option<Device> {
+    let required =
+        std::env::var("WAVEFUSE_REQUIRE").is_ok_and(|v| v.split(',').any(|b| b == "cuda"));
+    #[cfg(feature = "cuda")]
+    match Device::new_cuda(0) {
+        Ok(d) => return Some(d),
+        Err(e) => {
+            assert!(
+                !required,
+                "WAVEFUSE_REQUIRE names cuda but it did not open: {e}"
+            );
+            eprintln!("no CUDA device ({e}): CUDA cases not run");
+            return None;
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        assert!(
+            !required,
+            "WAVEFUSE_REQUIRE names cuda but this test binary was built without the `cuda` feature"
+        );
+        None
+    }
+}
+
+/// The wavefuse build of the stage (tiny grid at width 192, both blocks)
+/// on CUDA against the same build on the emulator.
+#[test]
+fn wavefuse_stage_on_cuda_agrees_with_emulator() {
+    let Some(gpu) = cuda() else { return };
+    let cfg = StageConfig::TINY192;
+    let t = stage::weights::random_weights(&cfg, 9, 2.0).unwrap();
+    let run = |dev: &Device| {
+        let stage = Stage::load(cfg, &t, dev, DType::F16).unwrap();
+        let x = stage.input(&t, dev).unwrap();
+        let ops = WavefuseOps::new();
+        to64(&stage.forward(&ops, &x).unwrap())
+    };
+    let (cpu, gpu) = (run(&Device::Cpu), run(&gpu));
+    let (max, rms) = oracle::errors(&gpu, &cpu);
+    // Same kernels and the same cuBLAS-vs-gemm GEMM differences as the
+    // candle build's CPU/CUDA pair: a few f16 ulps of the O(1) outputs.
+    eprintln!("CUDA vs emulator stage: max {max:.3e} rms {rms:.3e}");
+    assert!(max < 0.02 && rms < 1e-3, "max {max} rms {rms}");
 }

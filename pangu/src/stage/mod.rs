@@ -11,7 +11,7 @@
 mod block;
 mod candle_ops;
 pub mod config;
-mod ops;
+pub(crate) mod ops;
 mod probe;
 pub mod tables;
 mod wavefuse_ops;

@@ -1,5 +1,5 @@
 //! Where a forward's time goes: a timestamp at every step boundary
-//! ([`crate::pangu::StageOps::mark`]). On CUDA the timestamps are events
+//! ([`crate::stage::StageOps::mark`]). On CUDA the timestamps are events
 //! recorded on candle's stream, so a step's time is the device time of the
 //! work queued between two marks (its launches, GEMMs included); on the
 //! CPU they are host clock readings (every op there runs to completion

@@ -5,8 +5,8 @@
 #![allow(dead_code)]
 
 use candle_core::{DType, Tensor};
+use pangu::stage::StageConfig;
 use std::collections::HashMap;
-use wavefuse_candle::pangu::StageConfig;
 
 /// A weight from the file layout as f64, row-major.
 pub fn w64(t: &HashMap<String, Tensor>, name: &str) -> Vec<f64> {

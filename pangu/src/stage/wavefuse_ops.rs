@@ -1,6 +1,6 @@
 //! The stage with wavefuse's kernels wherever one applies, on candle's
 //! stream and candle's memory (the crate's ops); the GEMMs stay cuBLAS:
-//! the Linears are [`crate::linear`] (cuBLASLt with the bias in the
+//! the Linears are [`wavefuse_candle::linear`] (cuBLASLt with the bias in the
 //! epilogue, one f16 rounding as PyTorch's `F.linear`), the attention's
 //! in the unfused variant candle's.
 //!
@@ -8,11 +8,11 @@
 //! |---|---|
 //! | `norm_partition` | `layer_norm_gather` (affine) through the partition plan |
 //! | `add_norm_partition` | `add_layer_norm_gather` (affine; residual updated in place) |
-//! | `qkv` | [`crate::linear`] (bias in the epilogue) |
+//! | `qkv` | [`wavefuse_candle::linear`] (bias in the epilogue) |
 //! | `attention` | `window_attention` (scale, earth bias, shift mask, softmax and `p v` in one launch, heads merged; no scores in memory). [`WavefuseOps::unfused`]: `qkv_split` (q scaled); candle's `q k^T`; `bias_mask_softmax` in place over the scores; candle's `p v`; `gather` through the head-merge plan (32-channel tokens `[w, h, t]` -> `[w, t, h]`) |
 //! | `unpartition_add_norm` | `gather` through the reverse plan, `add_layer_norm_to` with norm2's affine (the stage input is never written) |
-//! | `proj` | [`crate::linear`] |
-//! | `mlp` | [`crate::linear`] (the first Linear as trained), `bias_gelu` (erf) with a zero bias, [`crate::linear`] |
+//! | `proj` | [`wavefuse_candle::linear`] |
+//! | `mlp` | [`wavefuse_candle::linear`] (the first Linear as trained), `bias_gelu` (erf) with a zero bias, [`wavefuse_candle::linear`] |
 //! | `add` | `add_layer_norm` in place (its LayerNorm output unused) |
 //!
 //! Launches per block: 5 wavefuse kernels and 4 cuBLASLt GEMMs (unfused:
@@ -28,17 +28,17 @@ use super::ops::{Affine, StageOps};
 use super::probe::Probe;
 use super::tables::Windowing;
 use super::weights::BlockWeights;
-use crate::{AttnTables, GeluMode, Plan};
 use candle_core::{Result, Tensor};
 use std::sync::OnceLock;
+use wavefuse_candle::{AttnTables, GeluMode, Plan};
 
 /// The wavefuse build's plans and tables for one windowing (built once,
 /// kept in the [`Windowing`]).
 #[derive(Debug)]
 pub struct Tables {
-    partition: Plan,
-    reverse: Plan,
-    attn: AttnTables,
+    pub(crate) partition: Plan,
+    pub(crate) reverse: Plan,
+    pub(crate) attn: AttnTables,
     /// The head-merge plan and its number of heads.
     merge: OnceLock<(usize, Plan)>,
 }
@@ -125,7 +125,7 @@ impl StageOps for WavefuseOps {
 
     fn norm_partition(&self, x: &Tensor, norm: &Affine, win: &Windowing) -> Result<Tensor> {
         let t = win.wavefuse()?;
-        let h = crate::layer_norm_gather(x, &t.partition, Some(&norm.packed), LN_EPS)?;
+        let h = wavefuse_candle::layer_norm_gather(x, &t.partition, Some(&norm.packed), LN_EPS)?;
         self.mark("norm_partition")?;
         Ok(h)
     }
@@ -138,13 +138,14 @@ impl StageOps for WavefuseOps {
         win: &Windowing,
     ) -> Result<(Tensor, Tensor)> {
         let t = win.wavefuse()?;
-        let h = crate::add_layer_norm_gather(x, d, &t.partition, Some(&norm.packed), LN_EPS)?;
+        let h =
+            wavefuse_candle::add_layer_norm_gather(x, d, &t.partition, Some(&norm.packed), LN_EPS)?;
         self.mark("add_norm_partition")?;
         Ok((x.clone(), h))
     }
 
     fn qkv<'w>(&self, h: &Tensor, w: &'w BlockWeights) -> Result<(Tensor, Option<&'w Tensor>)> {
-        Ok((crate::linear(h, &w.qkv_w, &w.qkv_b)?, None))
+        Ok((wavefuse_candle::linear(h, &w.qkv_w, &w.qkv_b)?, None))
     }
 
     fn attention(
@@ -158,22 +159,24 @@ impl StageOps for WavefuseOps {
         let tb = win.wavefuse()?;
         let scale = (HEAD_DIM as f64).powf(-0.5) as f32;
         if !self.unfused {
-            let o = crate::window_attention(qkv, qkv_bias, earth_bias, &tb.attn, heads, scale)?;
+            let o = wavefuse_candle::window_attention(
+                qkv, qkv_bias, earth_bias, &tb.attn, heads, scale,
+            )?;
             self.mark("window_attention")?;
             return Ok(o);
         }
         let merge = tb.merge(win, heads)?;
         let (rows, c3) = qkv.dims2()?;
         let t = win.tokens_per_window();
-        let (q, k, v) = crate::qkv_split(qkv, qkv_bias, heads, t, scale)?;
+        let (q, k, v) = wavefuse_candle::qkv_split(qkv, qkv_bias, heads, t, scale)?;
         self.mark("qkv_split")?;
         let s = q.matmul(&k.t()?)?;
         self.mark("scores_gemm")?;
-        crate::bias_mask_softmax_(&s, earth_bias, &tb.attn)?;
+        wavefuse_candle::bias_mask_softmax_(&s, earth_bias, &tb.attn)?;
         self.mark("softmax")?;
         let o = s.matmul(&v)?;
         self.mark("pv_gemm")?;
-        let o = crate::gather(&o.reshape((rows * heads, HEAD_DIM))?, merge)?;
+        let o = wavefuse_candle::gather(&o.reshape((rows * heads, HEAD_DIM))?, merge)?;
         self.mark("head_merge")?;
         o.reshape((rows, c3 / 3))
     }
@@ -186,25 +189,25 @@ impl StageOps for WavefuseOps {
         win: &Windowing,
     ) -> Result<(Tensor, Tensor)> {
         let t = win.wavefuse()?;
-        let g = crate::gather(branch, &t.reverse)?;
-        let r = crate::add_layer_norm_to(x, &g, Some(&norm2.packed), LN_EPS)?;
+        let g = wavefuse_candle::gather(branch, &t.reverse)?;
+        let r = wavefuse_candle::add_layer_norm_to(x, &g, Some(&norm2.packed), LN_EPS)?;
         self.mark("unpartition_add_norm")?;
         Ok(r)
     }
 
     fn proj(&self, o: &Tensor, w: &BlockWeights, _win: &Windowing) -> Result<Tensor> {
-        let a = crate::linear(o, &w.proj_w, &w.proj_b)?;
+        let a = wavefuse_candle::linear(o, &w.proj_w, &w.proj_b)?;
         self.mark("proj_gemm")?;
         Ok(a)
     }
 
     fn mlp(&self, h: &Tensor, w: &BlockWeights) -> Result<Tensor> {
-        let a = crate::linear(h, &w.fc1.w, &w.fc1.b)?;
+        let a = wavefuse_candle::linear(h, &w.fc1.w, &w.fc1.b)?;
         self.mark("fc1_gemm")?;
         // The bias is in: a zero bias leaves `gelu(a)`, rounded once.
-        let a = crate::bias_gelu(&a, &w.fc1.zero, GeluMode::Erf)?;
+        let a = wavefuse_candle::bias_gelu(&a, &w.fc1.zero, GeluMode::Erf)?;
         self.mark("gelu")?;
-        let y = crate::linear(&a, &w.fc2_w, &w.fc2_b)?;
+        let y = wavefuse_candle::linear(&a, &w.fc2_w, &w.fc2_b)?;
         self.mark("fc2_gemm")?;
         Ok(y)
     }
@@ -212,7 +215,7 @@ impl StageOps for WavefuseOps {
     fn add(&self, x: &Tensor, d: &Tensor) -> Result<Tensor> {
         // add_layer_norm in place; its LayerNorm output is not needed, but
         // the kernel still beats candle's add.
-        crate::add_layer_norm(x, d, None, LN_EPS)?;
+        wavefuse_candle::add_layer_norm(x, d, None, LN_EPS)?;
         self.mark("add")?;
         Ok(x.clone())
     }

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 /// device).
 #[derive(Debug)]
 pub struct BlockWeights {
-    /// norm1's affine (kept: see [`crate::pangu::StageOps::norm_partition`]).
+    /// norm1's affine (kept: see [`crate::stage::StageOps::norm_partition`]).
     pub norm1: Affine,
     /// QKV weight `[3C, C]`.
     pub qkv_w: Tensor,
@@ -74,7 +74,7 @@ fn get<'a>(t: &'a HashMap<String, Tensor>, name: &str, dims: &[usize]) -> Result
 /// `LayerNorm(x) * gamma + beta` followed by `W . + b` equals the plain
 /// LayerNorm followed by `(W diag(gamma)) . + (b + W beta)`: folded in f32,
 /// rounded once to the stage's dtype (f64 when that is f64).
-fn fold_layer_norm(
+pub(crate) fn fold_layer_norm(
     gamma: &Tensor,
     beta: &Tensor,
     w: &Tensor,

@@ -75,7 +75,7 @@ pub struct Stage {
 
 impl Stage {
     /// Builds the stage from weights in the file layout
-    /// ([`crate::pangu::weights`]), on `device`, computing in `dtype`
+    /// ([`crate::stage::weights`]), on `device`, computing in `dtype`
     /// (f16: the stage; f32/f64: for checks).
     pub fn load(
         cfg: StageConfig,

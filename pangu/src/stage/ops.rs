@@ -1,7 +1,7 @@
 //! The stage's fusion points: every step between two GEMMs where a wavefuse
 //! kernel applies. The block (`block.rs`) is written once against this
-//! trait; [`crate::pangu::CandleOps`] implements it with candle's own ops,
-//! [`crate::pangu::WavefuseOps`] with wavefuse's kernels.
+//! trait; [`crate::stage::CandleOps`] implements it with candle's own ops,
+//! [`crate::stage::WavefuseOps`] with wavefuse's kernels.
 //!
 //! Shapes (all in the stage's dtype on its device): the residual stream `x`
 //! is `[N, C]` in grid order (`N = Z * H * W`); windowed tokens are
@@ -23,14 +23,14 @@ pub struct Affine {
     pub gamma: Tensor,
     /// Shift.
     pub beta: Tensor,
-    /// `[gamma; beta]` in f16 ([`crate::Affine`]).
-    pub packed: crate::Affine,
+    /// `[gamma; beta]` in f16 ([`wavefuse_candle::Affine`]).
+    pub packed: wavefuse_candle::Affine,
 }
 
 impl Affine {
     /// The parameters and their packed form.
     pub fn new(gamma: Tensor, beta: Tensor) -> Result<Affine> {
-        let packed = crate::Affine::new(&gamma, &beta)?;
+        let packed = wavefuse_candle::Affine::new(&gamma, &beta)?;
         Ok(Affine {
             gamma,
             beta,
@@ -45,7 +45,7 @@ pub trait StageOps {
     fn name(&self) -> &'static str;
 
     /// The end of a step (the time breakdown's boundary; see
-    /// [`crate::pangu::Probe`]). The block marks its GEMMs and bias adds,
+    /// [`crate::stage::Probe`]). The block marks its GEMMs and bias adds,
     /// the builds mark their own steps.
     fn mark(&self, _step: &'static str) -> Result<()> {
         Ok(())

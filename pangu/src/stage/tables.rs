@@ -31,6 +31,27 @@ impl Windowing {
     ) -> Result<Windowing> {
         let plan = WindowPlan::new(grid, window, shift)
             .map_err(|e| candle_core::Error::Msg(format!("window plan: {e:?}")))?;
+        Windowing::from_plan(plan, device, dtype)
+    }
+
+    /// [`Windowing::new`] for a global grid, longitude periodic
+    /// ([`WindowPlan::periodic_w`]): the shift mask cuts level and
+    /// latitude regions only, as the released Pangu-Weather model does.
+    pub fn earth(
+        grid: Grid3,
+        window: Window3,
+        shift: Shift3,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Windowing> {
+        let plan = WindowPlan::new(grid, window, shift)
+            .and_then(|p| p.periodic_w())
+            .map_err(|e| candle_core::Error::Msg(format!("window plan: {e:?}")))?;
+        Windowing::from_plan(plan, device, dtype)
+    }
+
+    /// The windowing of `plan`.
+    pub fn from_plan(plan: WindowPlan, device: &Device, dtype: DType) -> Result<Windowing> {
         let (slots, mask) = if plan.is_shifted() {
             let s = plan.mask_slots();
             let t = plan.tokens_per_window();
@@ -158,7 +179,7 @@ pub fn expand_earth_bias(table: &Tensor, window: Window3) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pangu::config::WINDOW;
+    use crate::stage::config::WINDOW;
 
     #[test]
     fn position_index_covers_the_table() {

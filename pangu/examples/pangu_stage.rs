@@ -18,9 +18,9 @@
 //! step's median and the medians summed by step name.
 //! On the CPU (CI): `pangu_stage --scale tiny --random 1 --device cpu`.
 use candle_core::{DType, Device, Tensor};
+use pangu::stage::{self, CandleOps, Probe, Stage, StageConfig, StageOps, WavefuseOps};
 use std::collections::HashMap;
 use std::time::Instant;
-use wavefuse_candle::pangu::{self, CandleOps, Probe, Stage, StageConfig, StageOps, WavefuseOps};
 
 /// One build: its ops and their step timer.
 enum Build {
@@ -83,8 +83,8 @@ impl StageOps for Dump<'_> {
     fn norm_partition(
         &self,
         x: &Tensor,
-        norm: &pangu::Affine,
-        win: &pangu::Windowing,
+        norm: &stage::Affine,
+        win: &stage::Windowing,
     ) -> candle_core::Result<Tensor> {
         self.keep("norm_partition", &[("x", x)])?;
         let h = self.inner.norm_partition(x, norm, win)?;
@@ -96,8 +96,8 @@ impl StageOps for Dump<'_> {
         &self,
         x: &Tensor,
         d: &Tensor,
-        norm: &pangu::Affine,
-        win: &pangu::Windowing,
+        norm: &stage::Affine,
+        win: &stage::Windowing,
     ) -> candle_core::Result<(Tensor, Tensor)> {
         self.block.set(self.block.get() + 1);
         self.keep("add_norm_partition", &[("x", x), ("d", d)])?;
@@ -109,7 +109,7 @@ impl StageOps for Dump<'_> {
     fn qkv<'w>(
         &self,
         h: &Tensor,
-        w: &'w pangu::weights::BlockWeights,
+        w: &'w stage::weights::BlockWeights,
     ) -> candle_core::Result<(Tensor, Option<&'w Tensor>)> {
         self.inner.qkv(h, w)
     }
@@ -120,7 +120,7 @@ impl StageOps for Dump<'_> {
         qkv_bias: Option<&Tensor>,
         earth_bias: &Tensor,
         heads: usize,
-        win: &pangu::Windowing,
+        win: &stage::Windowing,
     ) -> candle_core::Result<Tensor> {
         self.keep("attention", &[("qkv", qkv)])?;
         let o = self
@@ -133,15 +133,15 @@ impl StageOps for Dump<'_> {
     fn proj(
         &self,
         o: &Tensor,
-        w: &pangu::weights::BlockWeights,
-        win: &pangu::Windowing,
+        w: &stage::weights::BlockWeights,
+        win: &stage::Windowing,
     ) -> candle_core::Result<Tensor> {
         let a = self.inner.proj(o, w, win)?;
         self.keep("proj", &[("a", &a)])?;
         Ok(a)
     }
 
-    fn mlp(&self, h: &Tensor, w: &pangu::weights::BlockWeights) -> candle_core::Result<Tensor> {
+    fn mlp(&self, h: &Tensor, w: &stage::weights::BlockWeights) -> candle_core::Result<Tensor> {
         let m = self.inner.mlp(h, w)?;
         self.keep("mlp", &[("m", &m)])?;
         if self.inner.name() == "wavefuse" {
@@ -157,8 +157,8 @@ impl StageOps for Dump<'_> {
         &self,
         x: &Tensor,
         branch: &Tensor,
-        norm2: &pangu::Affine,
-        win: &pangu::Windowing,
+        norm2: &stage::Affine,
+        win: &stage::Windowing,
     ) -> candle_core::Result<(Tensor, Tensor)> {
         self.keep("unpartition_add_norm", &[("x", x)])?;
         let (x, h) = self.inner.unpartition_add_norm(x, branch, norm2, win)?;
@@ -381,7 +381,7 @@ fn main() -> Res<()> {
     };
     let t: HashMap<String, Tensor> = match (&a.weights, a.random) {
         (Some(path), _) => candle_core::safetensors::load(path, &Device::Cpu)?,
-        (None, Some(seed)) => pangu::weights::random_weights(&cfg, seed, 1.0)?,
+        (None, Some(seed)) => stage::weights::random_weights(&cfg, seed, 1.0)?,
         (None, None) => unreachable!("parse() sets a seed"),
     };
     let g = cfg.grid;

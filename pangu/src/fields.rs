@@ -1,0 +1,127 @@
+//! Input and output fields in the official npy layout: upper air
+//! `[5, 13, H, W]`, surface `[4, H, W]`, f32, C order.
+use crate::config::{LEVELS, SURFACE_VARS, UPPER_VARS};
+use crate::error::{Error, Result};
+use npyz::WriterBuilder;
+use std::path::Path;
+
+/// One field set on the host.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Field {
+    /// Shape, `[5, 13, H, W]` or `[4, H, W]`.
+    pub shape: Vec<usize>,
+    /// Values, row-major.
+    pub data: Vec<f32>,
+}
+
+/// Which field set (for shapes and messages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `[5, 13, H, W]`.
+    Upper,
+    /// `[4, H, W]`.
+    Surface,
+}
+
+impl Kind {
+    fn describe(self) -> &'static str {
+        match self {
+            Kind::Upper => "[5, 13, lat, lon] (Z, Q, T, U, V on 13 levels)",
+            Kind::Surface => "[4, lat, lon] (MSLP, U10, V10, T2M)",
+        }
+    }
+
+    /// The grid `(lat, lon)` of a shape of this kind, if it is one.
+    pub fn grid(self, shape: &[usize]) -> Option<(usize, usize)> {
+        match (self, shape) {
+            (Kind::Upper, [5, 13, h, w]) | (Kind::Surface, [4, h, w]) => Some((*h, *w)),
+            _ => None,
+        }
+    }
+
+    /// Where flat index `i` lies, by variable, level and grid point.
+    fn locate(self, shape: &[usize], i: usize) -> String {
+        let (h, w) = self.grid(shape).unwrap_or((1, 1));
+        let plane = (h * w).max(1);
+        let (c, y, x) = (i / plane, i % plane / w.max(1), i % w.max(1));
+        match self {
+            Kind::Upper => {
+                let var = UPPER_VARS.get(c / 13).copied().unwrap_or("?");
+                let lvl = LEVELS.get(c % 13).copied().unwrap_or(0);
+                format!("{var} {lvl} hPa, lat index {y}, lon index {x}")
+            }
+            Kind::Surface => {
+                let var = SURFACE_VARS.get(c).copied().unwrap_or("?");
+                format!("{var}, lat index {y}, lon index {x}")
+            }
+        }
+    }
+}
+
+/// Reads an f32 field set from `path` (the argument `what`) and checks
+/// its shape, element type and values.
+pub fn read(path: &Path, kind: Kind, what: &str) -> Result<Field> {
+    let bytes = std::fs::read(path).map_err(Error::io(path))?;
+    let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| Error::Format {
+        file: path.display().to_string(),
+        why: format!("{what}: not an npy file: {e}"),
+    })?;
+    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    let what = format!("{what} ({})", path.display());
+    if kind.grid(&shape).is_none() {
+        return Err(Error::Shape {
+            what,
+            got: shape,
+            want: kind.describe().into(),
+        });
+    }
+    if npy.order() != npyz::Order::C {
+        return Err(Error::invalid(what, "Fortran order; write it in C order"));
+    }
+    let descr = npy.dtype().descr();
+    let descr = descr.trim_matches('\'');
+    if descr != "<f4" {
+        return Err(Error::Dtype {
+            what,
+            got: descr.to_string(),
+            want: "<f4 (float32)".into(),
+        });
+    }
+    let data = npy.into_vec::<f32>().map_err(|e| Error::Format {
+        file: path.display().to_string(),
+        why: e.to_string(),
+    })?;
+    let f = Field { shape, data };
+    check(&f, kind, &what)?;
+    Ok(f)
+}
+
+/// Checks that every value of `f` is finite.
+pub fn check<'a>(f: &'a Field, kind: Kind, what: &str) -> Result<&'a Field> {
+    if let Some(i) = f.data.iter().position(|x| !x.is_finite()) {
+        return Err(Error::NonFinite {
+            what: what.into(),
+            value: f.data[i],
+            at: kind.locate(&f.shape, i),
+        });
+    }
+    Ok(f)
+}
+
+/// Writes `f` to `path` as f32 npy; the file appears complete or not at
+/// all (written beside and renamed).
+pub fn write(path: &Path, f: &Field) -> Result<()> {
+    let shape: Vec<u64> = f.shape.iter().map(|&d| d as u64).collect();
+    let mut buf = Vec::with_capacity(f.data.len() * 4 + 128);
+    let mut w = npyz::WriteOptions::<f32>::new()
+        .default_dtype()
+        .shape(&shape)
+        .writer(&mut buf)
+        .begin_nd()
+        .map_err(Error::io(path))?;
+    w.extend(f.data.iter().copied()).map_err(Error::io(path))?;
+    w.finish().map_err(Error::io(path))?;
+    let tmp = path.with_extension("npy.partial");
+    std::fs::write(&tmp, &buf).map_err(Error::io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(Error::io(path))
+}

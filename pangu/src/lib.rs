@@ -1,0 +1,25 @@
+//! Pangu-Weather in Rust: the whole network on candle with wavefuse's
+//! fused kernels, the weight file (seeded weights shared with the PyTorch
+//! reference; a converter from the released ONNX files is not written
+//! yet), npy fields in the official layout, and the forecast rollout.
+//!
+//! The network is described once in `MODEL.md` (graph, tensor names,
+//! seeded generator); [`model::Pangu`] builds it, [`forecast`] runs it.
+//! [`stage`] is the two-block pre-norm stage the kernels were first
+//! measured on.
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod error;
+pub mod fields;
+pub mod forecast;
+pub mod memory;
+pub mod model;
+pub mod seeded;
+pub mod stage;
+pub mod weights;
+
+pub use config::{BlockOrder, Geometry};
+pub use error::{Error, Result};
+pub use model::{Build, Options, Pangu};
+pub use weights::Weights;

@@ -1,0 +1,596 @@
+//! `pangu`: Pangu-Weather forecasts from npy fields.
+//!
+//! ```text
+//! pangu init --out w.safetensors --lat 721 --lon 1440 [--inputs DIR]
+//! pangu forecast --weights 24h=w24.safetensors [--weights 6h=w6.safetensors]
+//!     --upper input_upper.npy --surface input_surface.npy --lead 168h --out DIR
+//! pangu bench --weights w.safetensors --upper U.npy --surface S.npy --json OUT
+//! ```
+use candle_core::{DType, Device, Tensor};
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use pangu::config::{BlockOrder, Geometry};
+use pangu::error::{Error, Result};
+use pangu::fields::{self, Field, Kind};
+use pangu::forecast;
+use pangu::memory;
+use pangu::model::{Build, Options, Pangu};
+use pangu::weights::{self, Meta, Weights};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(name = "pangu", about = "Pangu-Weather forecasts on candle + wavefuse")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args, Clone)]
+struct Run {
+    /// `auto` (CUDA when present), `cuda` or `cpu`.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// `wavefuse` (fused kernels, f16) or `candle` (candle's own ops);
+    /// default: wavefuse on CUDA, candle on the CPU.
+    #[arg(long)]
+    build: Option<String>,
+    /// `f16`, `f32` or `f64` (candle build only); default: f16 on CUDA,
+    /// f32 on the CPU.
+    #[arg(long)]
+    dtype: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Writes seeded weights (and, with --inputs, seeded input fields).
+    Init {
+        /// The weight file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Latitudes of the fields.
+        #[arg(long, default_value_t = 721)]
+        lat: usize,
+        /// Longitudes of the fields (a multiple of 96).
+        #[arg(long, default_value_t = 1440)]
+        lon: usize,
+        /// Block order: post (the released model) or pre.
+        #[arg(long, default_value = "post")]
+        order: String,
+        /// Seed of the generator.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// The model's interval, hours.
+        #[arg(long, default_value_t = 24)]
+        interval: u32,
+        /// Also write input_upper.npy and input_surface.npy here.
+        #[arg(long)]
+        inputs: Option<PathBuf>,
+    },
+    /// Runs a forecast to --lead with the models given.
+    Forecast {
+        /// `INTERVAL=FILE`, e.g. `24h=pangu_weather_24.safetensors`;
+        /// repeat for more models.
+        #[arg(long = "weights", required = true)]
+        weights: Vec<String>,
+        /// Upper-air fields `[5, 13, lat, lon]` f32.
+        #[arg(long)]
+        upper: PathBuf,
+        /// Surface fields `[4, lat, lon]` f32.
+        #[arg(long)]
+        surface: PathBuf,
+        /// Lead time, e.g. `168h` or `7d`.
+        #[arg(long)]
+        lead: String,
+        /// Output folder (created).
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        run: Run,
+        /// Also write the summary as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Times the GPU-resident step (fields on the device in and out).
+    Bench {
+        /// The weight file.
+        #[arg(long)]
+        weights: PathBuf,
+        /// Upper-air fields.
+        #[arg(long)]
+        upper: PathBuf,
+        /// Surface fields.
+        #[arg(long)]
+        surface: PathBuf,
+        #[command(flatten)]
+        run: Run,
+        /// Untimed steps first.
+        #[arg(long, default_value_t = 5)]
+        warmup: usize,
+        /// Timed steps.
+        #[arg(long, default_value_t = 20)]
+        steps: usize,
+        /// Also write one step's output here (the model-regression gate
+        /// reads it) and time one step's device-to-host copy plus write.
+        #[arg(long)]
+        write_dir: Option<PathBuf>,
+        /// JSON record.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Init {
+            out,
+            lat,
+            lon,
+            order,
+            seed,
+            interval,
+            inputs,
+        } => init(&out, lat, lon, &order, seed, interval, inputs.as_deref()),
+        Cmd::Forecast {
+            weights,
+            upper,
+            surface,
+            lead,
+            out,
+            run,
+            json,
+            quiet,
+        } => run_forecast(
+            &weights,
+            &upper,
+            &surface,
+            &lead,
+            &out,
+            &run,
+            json.as_deref(),
+            quiet,
+        ),
+        Cmd::Bench {
+            weights,
+            upper,
+            surface,
+            run,
+            warmup,
+            steps,
+            write_dir,
+            json,
+        } => bench(
+            &weights,
+            &upper,
+            &surface,
+            &run,
+            warmup,
+            steps,
+            write_dir.as_deref(),
+            json.as_deref(),
+        ),
+    };
+    if let Err(e) = r {
+        eprintln!("pangu: error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn init(
+    out: &Path,
+    lat: usize,
+    lon: usize,
+    order: &str,
+    seed: u64,
+    interval: u32,
+    inputs: Option<&Path>,
+) -> Result<()> {
+    let g = Geometry::new(lat, lon)?;
+    let order = BlockOrder::parse(order)?;
+    let t = Instant::now();
+    let tensors = weights::seeded_tensors(&g, seed);
+    let meta = Meta {
+        order,
+        interval_hours: Some(interval),
+        grid: Some((lat, lon)),
+    };
+    weights::write_file(out, &tensors, &meta)?;
+    let n: usize = tensors.iter().map(|(_, _, v)| v.len()).sum();
+    println!(
+        "{}: {} tensors, {n} values, {} order, {interval}h, {lat} x {lon}, seed {seed} ({:.1} s)",
+        out.display(),
+        tensors.len(),
+        order.name(),
+        t.elapsed().as_secs_f64()
+    );
+    if let Some(dir) = inputs {
+        std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
+        let (u, s) = weights::seeded_inputs(&g, seed);
+        fields::write(
+            &dir.join("input_upper.npy"),
+            &Field {
+                shape: vec![5, 13, lat, lon],
+                data: u,
+            },
+        )?;
+        fields::write(
+            &dir.join("input_surface.npy"),
+            &Field {
+                shape: vec![4, lat, lon],
+                data: s,
+            },
+        )?;
+        println!("{}: input_upper.npy, input_surface.npy", dir.display());
+    }
+    Ok(())
+}
+
+fn pick_device(run: &Run) -> Result<(Device, Build, DType)> {
+    let device = match run.device.as_str() {
+        "cpu" => Device::Cpu,
+        "cuda" => Device::new_cuda(0)?,
+        "auto" => Device::cuda_if_available(0)?,
+        d => {
+            return Err(Error::invalid(
+                "--device",
+                format!("`{d}`: expected auto, cuda or cpu"),
+            ));
+        }
+    };
+    let build = match run.build.as_deref() {
+        None if device.is_cuda() => Build::Wavefuse,
+        None => Build::Candle,
+        Some("wavefuse") => Build::Wavefuse,
+        Some("candle") => Build::Candle,
+        Some(b) => {
+            return Err(Error::invalid(
+                "--build",
+                format!("`{b}`: expected wavefuse or candle"),
+            ));
+        }
+    };
+    let dtype = match (run.dtype.as_deref(), build) {
+        (None, Build::Wavefuse) => DType::F16,
+        (None, Build::Candle) if device.is_cuda() => DType::F16,
+        (None, Build::Candle) => DType::F32,
+        (Some("f16"), _) => DType::F16,
+        (Some("f32"), Build::Candle) => DType::F32,
+        (Some("f64"), Build::Candle) => DType::F64,
+        (Some(d), _) => {
+            return Err(Error::invalid(
+                "--dtype",
+                format!(
+                    "`{d}` with the {} build (wavefuse: f16; candle: f16, f32, f64)",
+                    build.name()
+                ),
+            ));
+        }
+    };
+    Ok((device, build, dtype))
+}
+
+/// Reads and checks both field files; returns them and their geometry.
+fn read_fields(upper: &Path, surface: &Path) -> Result<(Field, Field, Geometry)> {
+    let u = fields::read(upper, Kind::Upper, "--upper")?;
+    let s = fields::read(surface, Kind::Surface, "--surface")?;
+    let (ug, sg) = (Kind::Upper.grid(&u.shape), Kind::Surface.grid(&s.shape));
+    let (Some((lat, lon)), Some(sgrid)) = (ug, sg) else {
+        return Err(Error::invalid("--upper", "unreadable grid"));
+    };
+    if sgrid != (lat, lon) {
+        return Err(Error::Shape {
+            what: format!("--surface ({})", surface.display()),
+            got: s.shape.clone(),
+            want: format!("[4, {lat}, {lon}] (the grid of --upper)"),
+        });
+    }
+    let g = Geometry::new(lat, lon)?;
+    Ok((u, s, g))
+}
+
+fn upload(f: &Field, device: &Device, dtype: DType) -> Result<Tensor> {
+    Ok(
+        Tensor::from_slice(&f.data, f.shape.as_slice(), &Device::Cpu)?
+            .to_dtype(dtype)?
+            .to_device(device)?,
+    )
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_forecast(
+    specs: &[String],
+    upper: &Path,
+    surface: &Path,
+    lead: &str,
+    out: &Path,
+    run: &Run,
+    json: Option<&Path>,
+    quiet: bool,
+) -> Result<()> {
+    // Everything is checked before anything is loaded on the device or
+    // written.
+    let lead = forecast::parse_hours("--lead", lead)?;
+    let mut files: BTreeMap<u32, PathBuf> = BTreeMap::new();
+    for s in specs {
+        let Some((k, f)) = s.split_once('=') else {
+            return Err(Error::invalid(
+                "--weights",
+                format!("`{s}`: expected INTERVAL=FILE, e.g. 24h=w.safetensors"),
+            ));
+        };
+        let h = forecast::parse_hours("--weights", k)?;
+        if files.insert(h, PathBuf::from(f)).is_some() {
+            return Err(Error::invalid("--weights", format!("two models for {h}h")));
+        }
+    }
+    let plan = forecast::schedule(lead, &files.keys().copied().collect::<Vec<_>>())?;
+    let (fu, fs, g) = read_fields(upper, surface)?;
+    let (device, build, dtype) = pick_device(run)?;
+    let mut checked = BTreeMap::new();
+    for (&h, f) in files.iter().filter(|(h, _)| plan.contains(h)) {
+        let w = Weights::read(f, &g)?;
+        if let Some(mh) = w.meta.interval_hours
+            && mh != h
+        {
+            return Err(Error::invalid(
+                "--weights",
+                format!("{}: a {mh}h model given as {h}h", f.display()),
+            ));
+        }
+        checked.insert(h, w);
+    }
+    std::fs::create_dir_all(out).map_err(Error::io(out))?;
+    let t_load = Instant::now();
+    let mut models = BTreeMap::new();
+    for (h, w) in checked {
+        models.insert(h, Pangu::load(&w, g, &device, Options::new(build, dtype))?);
+    }
+    let fd = models
+        .values()
+        .next()
+        .map(|m| m.field_dtype())
+        .unwrap_or(DType::F32);
+    let (u, s) = (upload(&fu, &device, fd)?, upload(&fs, &device, fd)?);
+    device.synchronize()?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    memory::reset_peak(&device)?;
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(plan.len() as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(format!("to +{lead}h"));
+    let r = forecast::rollout(&models, &plan, u, s, out, |st| {
+        bar.set_message(format!(
+            "+{}h ({}h model) {:.3} s",
+            st.lead, st.interval, st.seconds
+        ));
+        bar.inc(1);
+    })?;
+    bar.finish_and_clear();
+    let peak = memory::peak(&device)?;
+    let used = memory::device_used(&device)?;
+    let mut times: Vec<f64> = r.steps.iter().map(|s| s.seconds).collect();
+    println!(
+        "forecast +{lead}h: {} steps ({}), {} build, {:?}, {} x {}",
+        r.steps.len(),
+        plan.iter()
+            .map(|h| format!("{h}h"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        build.name(),
+        dtype,
+        g.lat,
+        g.lon
+    );
+    for st in &r.steps {
+        let (pu, ps) = forecast::output_paths(out, st.lead);
+        println!(
+            "  +{:>4}h  {:>8.3} s  {}  {}",
+            st.lead,
+            st.seconds,
+            pu.display(),
+            ps.display()
+        );
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times.get(times.len() / 2).copied().unwrap_or(0.0);
+    println!(
+        "load {load_s:.2} s; rollout {:.3} s ({median:.3} s per step median, writes {:.3} s overlapped)",
+        r.total_seconds, r.write_seconds
+    );
+    if let Some(p) = peak {
+        println!(
+            "peak device memory: {:.0} MiB allocated, {:.0} MiB reserved",
+            mib(p.used),
+            mib(p.reserved)
+        );
+    }
+    if let Some((u, t)) = used {
+        println!(
+            "device memory in use now: {:.0} of {:.0} MiB",
+            mib(u),
+            mib(t)
+        );
+    }
+    if let Some(j) = json {
+        let steps: Vec<String> = r
+            .steps
+            .iter()
+            .map(|s| {
+                format!(
+                    "{{\"lead_h\":{},\"interval_h\":{},\"s\":{}}}",
+                    s.lead, s.interval, s.seconds
+                )
+            })
+            .collect();
+        let rec = format!(
+            "{{\"kind\":\"pangu_forecast\",\"build\":\"{}\",\"dtype\":\"{:?}\",\"lat\":{},\"lon\":{},\"lead_h\":{lead},\"load_s\":{load_s},\"total_s\":{},\"write_s\":{},\"median_step_s\":{median},\"peak_used_bytes\":{},\"peak_reserved_bytes\":{},\"steps\":[{}]}}\n",
+            build.name(),
+            dtype,
+            g.lat,
+            g.lon,
+            r.total_seconds,
+            r.write_seconds,
+            peak.map_or(0, |p| p.used),
+            peak.map_or(0, |p| p.reserved),
+            steps.join(",")
+        );
+        std::fs::write(j, rec).map_err(Error::io(j))?;
+    }
+    Ok(())
+}
+
+/// Where a step's time goes, by kind of work.
+fn category(step: &str) -> &'static str {
+    match step {
+        s if s.ends_with("_gemm") => "gemm",
+        "window_attention" | "qkv_split" | "softmax" | "head_merge" => "attention",
+        "partition"
+        | "reverse_norm"
+        | "norm"
+        | "norm_partition"
+        | "add_norm_partition"
+        | "unpartition_add_norm"
+        | "merge"
+        | "merge_norm"
+        | "split_norm" => "norms_gathers",
+        "embed_layout" | "embed_concat" | "skip_concat" | "recover_layout" => "copies_layout",
+        _ => "other",
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench(
+    wfile: &Path,
+    upper: &Path,
+    surface: &Path,
+    run: &Run,
+    warmup: usize,
+    steps: usize,
+    write_dir: Option<&Path>,
+    json: Option<&Path>,
+) -> Result<()> {
+    let (fu, fs, g) = read_fields(upper, surface)?;
+    let (device, build, dtype) = pick_device(run)?;
+    let w = Weights::read(wfile, &g)?;
+    let m = Pangu::load(&w, g, &device, Options::new(build, dtype))?;
+    drop(w);
+    let fd = m.field_dtype();
+    let (u, s) = (upload(&fu, &device, fd)?, upload(&fs, &device, fd)?);
+    device.synchronize()?;
+    let base = memory::device_used(&device)?;
+    for _ in 0..warmup {
+        m.forward(&u, &s)?;
+    }
+    device.synchronize()?;
+    memory::reset_peak(&device)?;
+    let mut samples = Vec::with_capacity(steps);
+    let mut last = None;
+    for _ in 0..steps {
+        let t = Instant::now();
+        let y = m.forward(&u, &s)?;
+        device.synchronize()?;
+        samples.push(t.elapsed().as_secs_f64() * 1e3);
+        last = Some(y);
+    }
+    let peak = memory::peak(&device)?;
+    let mut sorted = samples.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+    // One probed step: device time per kind of work.
+    let mut by_cat: BTreeMap<&'static str, f64> = BTreeMap::new();
+    if build == Build::Wavefuse {
+        m.probe().start(&device)?;
+        m.forward(&u, &s)?;
+        for (step, us) in m.probe().finish()? {
+            *by_cat.entry(category(step)).or_default() += us / 1e3;
+        }
+    }
+    let mut write_ms = None;
+    if let (Some(dir), Some((yu, ys))) = (write_dir, last.as_ref()) {
+        std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
+        device.synchronize()?;
+        let t = Instant::now();
+        let (pu, ps) = forecast::output_paths(dir, w_interval(wfile, &g));
+        let hu = to_field(yu)?;
+        let hs = to_field(ys)?;
+        fields::write(&pu, &hu)?;
+        fields::write(&ps, &hs)?;
+        write_ms = Some(t.elapsed().as_secs_f64() * 1e3);
+    }
+    println!(
+        "pangu step ({} build, {:?}, {} x {}): median {median:.2} ms of {steps} (after {warmup} warm-up)",
+        build.name(),
+        dtype,
+        g.lat,
+        g.lon
+    );
+    for (c, ms) in &by_cat {
+        println!("  {c:<14} {ms:>9.2} ms");
+    }
+    if let Some(p) = peak {
+        println!(
+            "peak device memory in the timed steps: {:.0} MiB allocated, {:.0} MiB reserved",
+            mib(p.used),
+            mib(p.reserved)
+        );
+    }
+    if let Some(ms) = write_ms {
+        println!("one step's device-to-host copy + npy write alone: {ms:.1} ms");
+    }
+    if let Some(j) = json {
+        let cats: Vec<String> = by_cat
+            .iter()
+            .map(|(c, ms)| format!("\"{c}\":{ms}"))
+            .collect();
+        let raw: Vec<String> = samples.iter().map(|v| format!("{v}")).collect();
+        let rec = format!(
+            "{{\"kind\":\"pangu_step\",\"build\":\"{}\",\"dtype\":\"{:?}\",\"lat\":{},\"lon\":{},\"order\":\"{}\",\"warmup\":{warmup},\"steps\":{steps},\"median_ms\":{median},\"samples_ms\":[{}],\"peak_used_bytes\":{},\"peak_reserved_bytes\":{},\"device_used_before_bytes\":{},\"breakdown_ms\":{{{}}},\"d2h_write_ms\":{}}}\n",
+            build.name(),
+            dtype,
+            g.lat,
+            g.lon,
+            m.order().name(),
+            raw.join(","),
+            peak.map_or(0, |p| p.used),
+            peak.map_or(0, |p| p.reserved),
+            base.map_or(0, |b| b.0),
+            cats.join(","),
+            write_ms.map_or("null".to_string(), |v| v.to_string())
+        );
+        std::fs::write(j, rec).map_err(Error::io(j))?;
+    }
+    Ok(())
+}
+
+fn w_interval(wfile: &Path, g: &Geometry) -> u32 {
+    Weights::read(wfile, g)
+        .ok()
+        .and_then(|w| w.meta.interval_hours)
+        .unwrap_or(24)
+}
+
+fn to_field(t: &Tensor) -> Result<Field> {
+    Ok(Field {
+        shape: t.dims().to_vec(),
+        data: t
+            .to_dtype(DType::F32)?
+            .to_device(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1::<f32>()?,
+    })
+}

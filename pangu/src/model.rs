@@ -1,0 +1,694 @@
+//! The whole network (`MODEL.md`), in either block order, in one of two
+//! builds picked at load time:
+//!
+//! * [`Build::Wavefuse`] (f16): wavefuse's kernels wherever one applies
+//!   (index gathers for the window partition, the 2 x 2 merge and split;
+//!   LayerNorm fused with the window reverse or the split; fused window
+//!   attention; cuBLASLt Linears with the bias in the epilogue), candle's
+//!   ops for the rest (normalisation, patch layout, residual adds);
+//! * [`Build::Candle`] (f16, f32 or f64): candle's own ops, written as a
+//!   PyTorch user writes the model (the CPU check against the PyTorch
+//!   reference).
+//!
+//! Convolutions whose kernel equals their stride are a token layout plus a
+//! GEMM: the patch embedding and recovery weights are loaded as `[out, in]`
+//! matrices.
+use crate::config::{BlockOrder, Geometry, LAYERS, SLABS};
+use crate::error::{Error, Result};
+use crate::stage::config::{LN_EPS, SHIFT, WINDOW};
+use crate::stage::ops::{Affine, StageOps, matmul_t};
+use crate::stage::tables::{Windowing, expand_earth_bias};
+use crate::stage::weights::{BlockWeights, Fc1, fold_layer_norm};
+use crate::stage::{CandleOps, WavefuseOps, partition, unpartition};
+use crate::weights::{TOKENS, Weights};
+use candle_core::{DType, Device, Tensor};
+use wavefuse_candle::Plan;
+use wavefuse_shared::window::{Grid3, Shift3};
+
+/// Which ops run the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    /// candle's own ops (any float dtype).
+    Candle,
+    /// wavefuse's kernels where one applies (f16).
+    Wavefuse,
+}
+
+impl Build {
+    /// `candle` or `wavefuse`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Build::Candle => "candle",
+            Build::Wavefuse => "wavefuse",
+        }
+    }
+}
+
+/// Deliberate wiring faults, for the tests that show a wrong network is
+/// caught (not for use).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Concatenate the skip after layer 3's output instead of before.
+    pub swap_skip: bool,
+    /// Run the odd blocks unshifted.
+    pub no_shift: bool,
+}
+
+/// How to build the network.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// The ops.
+    pub build: Build,
+    /// The activation dtype (f16 for [`Build::Wavefuse`]).
+    pub dtype: DType,
+    /// Test-only wiring faults.
+    #[doc(hidden)]
+    pub faults: Faults,
+}
+
+impl Options {
+    /// `build` computing in `dtype`.
+    pub fn new(build: Build, dtype: DType) -> Options {
+        Options {
+            build,
+            dtype,
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// A Linear `x W^T + b` (`b` zeros where the layer has none).
+#[derive(Debug)]
+struct Lin {
+    w: Tensor,
+    b: Tensor,
+}
+
+#[derive(Debug)]
+struct Block {
+    shifted: bool,
+    heads: usize,
+    w: BlockWeights,
+}
+
+#[derive(Debug)]
+struct Layer {
+    dim: usize,
+    /// Unshifted and shifted windowing of the layer's grid.
+    win: [Windowing; 2],
+    blocks: Vec<Block>,
+}
+
+/// The wavefuse build's token maps between the scales.
+#[derive(Debug)]
+struct Maps {
+    merge: Plan,
+    split: Plan,
+}
+
+/// The network on one device.
+#[derive(Debug)]
+pub struct Pangu {
+    geom: Geometry,
+    order: BlockOrder,
+    opts: Options,
+    device: Device,
+    /// Normalisation in the fields' dtype: `[5, 13, 1, 1]`, `[4, 1, 1]`.
+    upper_mean: Tensor,
+    upper_std: Tensor,
+    surface_mean: Tensor,
+    surface_std: Tensor,
+    /// `[3, Hp, W]` and `[1, 13, H, W]`, in the fields' dtype.
+    surface_constants: Tensor,
+    upper_constants: Tensor,
+    embed_upper: Lin,
+    embed_surface: Lin,
+    layers: Vec<Layer>,
+    down_norm: Affine,
+    down: Lin,
+    up1: Lin,
+    up_norm: Affine,
+    up2: Lin,
+    recover_upper: Lin,
+    recover_surface: Lin,
+    maps: Option<Maps>,
+    ops192: CandleOps,
+    ops384: CandleOps,
+    wf: WavefuseOps,
+}
+
+/// The 2 x 2 merge: coarse token `(z, i, j)` part `(dy, dx)` is fine token
+/// `(z, 2i + dy, 2j + dx)`, or zero past the fine grid's last latitude.
+pub fn merge_table(g: &Geometry) -> Vec<i32> {
+    let mut t = Vec::with_capacity(g.n2() * 4);
+    for z in 0..SLABS {
+        for i in 0..g.h2 {
+            for j in 0..g.w2 {
+                for dy in 0..2 {
+                    for dx in 0..2 {
+                        let (y, x) = (2 * i + dy, 2 * j + dx);
+                        // Below the grid sizes Geometry::new admits.
+                        t.push(if y < g.h1 {
+                            ((z * g.h1 + y) * g.w1 + x) as i32
+                        } else {
+                            -1
+                        });
+                    }
+                }
+            }
+        }
+    }
+    t
+}
+
+/// The 2 x 2 split and crop: fine token `(z, y, x)` is part
+/// `(y % 2, x % 2)` of coarse token `(z, y / 2, x / 2)`, each coarse token
+/// stored as 4 parts.
+pub fn split_table(g: &Geometry) -> Vec<i32> {
+    let mut t = Vec::with_capacity(g.n1());
+    for z in 0..SLABS {
+        for y in 0..g.h1 {
+            for x in 0..g.w1 {
+                let coarse = (z * g.h2 + y / 2) * g.w2 + x / 2;
+                t.push((coarse * 4 + (y % 2) * 2 + x % 2) as i32);
+            }
+        }
+    }
+    t
+}
+
+impl Pangu {
+    /// Builds the network from checked weights on `device` for fields of
+    /// the geometry `geom`.
+    pub fn load(w: &Weights, geom: Geometry, device: &Device, opts: Options) -> Result<Pangu> {
+        let dtype = opts.dtype;
+        if opts.build == Build::Wavefuse && dtype != DType::F16 {
+            return Err(Error::invalid(
+                "build",
+                "the wavefuse build computes in f16",
+            ));
+        }
+        let fd = field_dtype(dtype);
+        let g = geom;
+        let act = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(dtype)?.to_device(device)?) };
+        let fld = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(fd)?.to_device(device)?) };
+        let lin =
+            |name: &str, out: usize, inp: usize, bias: bool, transposed: bool| -> Result<Lin> {
+                let wt = w.get(&format!("{name}.weight"))?;
+                let m = if transposed {
+                    wt.reshape((inp, out))?.t()?.contiguous()?
+                } else {
+                    wt.reshape((out, inp))?
+                };
+                let b = if bias {
+                    let b = w.get(&format!("{name}.bias"))?;
+                    // A transposed convolution's bias is per output channel;
+                    // its GEMM's outputs are (channel, patch position), so each
+                    // channel's bias repeats over the positions.
+                    let n = b.elem_count();
+                    let b = if n != out && n > 0 && out.is_multiple_of(n) {
+                        b.reshape((n, 1))?
+                            .broadcast_as((n, out / n))?
+                            .reshape(out)?
+                    } else {
+                        b.clone()
+                    };
+                    act(&b)?
+                } else {
+                    Tensor::zeros(out, dtype, device)?
+                };
+                Ok(Lin { w: act(&m)?, b })
+            };
+        let affine = |name: &str| -> Result<Affine> {
+            Ok(Affine::new(
+                act(w.get(&format!("{name}.weight"))?)?,
+                act(w.get(&format!("{name}.bias"))?)?,
+            )?)
+        };
+        let mut layers = Vec::with_capacity(LAYERS.len());
+        for (l, &(n_blocks, dim)) in LAYERS.iter().enumerate() {
+            let grid = if dim == 192 {
+                Grid3 {
+                    z: SLABS,
+                    h: g.h1,
+                    w: g.w1,
+                }
+            } else {
+                Grid3 {
+                    z: SLABS,
+                    h: g.h2,
+                    w: g.w2,
+                }
+            };
+            let none = Shift3 { z: 0, h: 0, w: 0 };
+            let shift = if opts.faults.no_shift { none } else { SHIFT };
+            let win = [
+                Windowing::earth(grid, WINDOW, none, device, dtype)?,
+                Windowing::earth(grid, WINDOW, shift, device, dtype)?,
+            ];
+            let mut blocks = Vec::with_capacity(n_blocks);
+            for j in 0..n_blocks {
+                let p = format!("layers.{l}.blocks.{j}");
+                let shifted = j % 2 == 1;
+                blocks.push(Block {
+                    shifted,
+                    heads: dim / 32,
+                    w: block_weights(w, &p, dim, &win[usize::from(shifted)], device, dtype)?,
+                });
+            }
+            layers.push(Layer { dim, win, blocks });
+        }
+        let maps = match opts.build {
+            Build::Wavefuse => Some(Maps {
+                merge: Plan::new(&merge_table(&g), g.n1(), device)?,
+                split: Plan::new(&split_table(&g), g.n2() * 4, device)?,
+            }),
+            Build::Candle => None,
+        };
+        Ok(Pangu {
+            geom: g,
+            order: w.meta.order,
+            opts,
+            device: device.clone(),
+            upper_mean: fld(&w.get("upper_mean")?.reshape((5, 13, 1, 1))?)?,
+            upper_std: fld(&w.get("upper_std")?.reshape((5, 13, 1, 1))?)?,
+            surface_mean: fld(&w.get("surface_mean")?.reshape((4, 1, 1))?)?,
+            surface_std: fld(&w.get("surface_std")?.reshape((4, 1, 1))?)?,
+            surface_constants: fld(w.get("surface_constants")?)?,
+            upper_constants: fld(&w.get("upper_constants")?.unsqueeze(0)?)?,
+            embed_upper: lin("patch_embed.conv", 192, 192, true, false)?,
+            embed_surface: lin("patch_embed.conv_surface", 192, 112, true, false)?,
+            layers,
+            down_norm: affine("downsample.norm")?,
+            down: lin("downsample.reduction", 384, 768, false, false)?,
+            up1: lin("upsample.linear1", 768, 384, false, false)?,
+            up_norm: affine("upsample.norm")?,
+            up2: lin("upsample.linear2", 192, 192, false, false)?,
+            recover_upper: lin("patch_recovery.conv", 160, 384, true, true)?,
+            recover_surface: lin("patch_recovery.conv_surface", 64, 384, true, true)?,
+            maps,
+            ops192: CandleOps::new(192, dtype, device)?,
+            ops384: CandleOps::new(384, dtype, device)?,
+            wf: WavefuseOps::new(),
+        })
+    }
+
+    /// The fields' geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geom
+    }
+
+    /// The block order (from the weight file).
+    pub fn order(&self) -> BlockOrder {
+        self.order
+    }
+
+    /// The build.
+    pub fn build(&self) -> Build {
+        self.opts.build
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The dtype the fields are normalised in (f32, or f64 for an f64
+    /// network).
+    pub fn field_dtype(&self) -> DType {
+        field_dtype(self.opts.dtype)
+    }
+
+    /// The wavefuse build's step timer (see [`crate::stage::Probe`]).
+    pub fn probe(&self) -> &crate::stage::Probe {
+        self.wf.probe()
+    }
+
+    fn mark(&self, step: &'static str) -> Result<()> {
+        Ok(self.wf.mark(step)?)
+    }
+
+    fn ops(&self, dim: usize) -> &dyn StageOps {
+        match (self.opts.build, dim) {
+            (Build::Wavefuse, _) => &self.wf,
+            (Build::Candle, 192) => &self.ops192,
+            (Build::Candle, _) => &self.ops384,
+        }
+    }
+
+    fn linear(&self, x: &Tensor, l: &Lin) -> Result<Tensor> {
+        Ok(match self.opts.build {
+            Build::Candle => matmul_t(x, &l.w)?.broadcast_add(&l.b)?,
+            Build::Wavefuse => wavefuse_candle::linear(x, &l.w, &l.b)?,
+        })
+    }
+
+    fn layer_norm(&self, x: &Tensor, a: &Affine) -> Result<Tensor> {
+        Ok(match self.opts.build {
+            // candle-nn's fused LayerNorm has no f64 kernel: spelled out.
+            Build::Candle if x.dtype() == DType::F64 => {
+                let mean = x.mean_keepdim(candle_core::D::Minus1)?;
+                let xc = x.broadcast_sub(&mean)?;
+                let var = xc.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
+                xc.broadcast_div(&(var + f64::from(LN_EPS))?.sqrt()?)?
+                    .broadcast_mul(&a.gamma)?
+                    .broadcast_add(&a.beta)?
+            }
+            Build::Candle => candle_nn::ops::layer_norm(x, &a.gamma, &a.beta, LN_EPS)?,
+            Build::Wavefuse => wavefuse_candle::layer_norm(x, Some(&a.packed), LN_EPS)?,
+        })
+    }
+
+    fn check_fields(&self, upper: &Tensor, surface: &Tensor) -> Result<()> {
+        let g = &self.geom;
+        let fd = self.field_dtype();
+        for (what, t, want) in [
+            ("upper", upper, vec![5, 13, g.lat, g.lon]),
+            ("surface", surface, vec![4, g.lat, g.lon]),
+        ] {
+            if t.dims() != want.as_slice() {
+                return Err(Error::Shape {
+                    what: what.into(),
+                    got: t.dims().to_vec(),
+                    want: format!("{want:?}"),
+                });
+            }
+            if t.dtype() != fd {
+                return Err(Error::Dtype {
+                    what: what.into(),
+                    got: format!("{:?}", t.dtype()),
+                    want: format!("{fd:?}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Normalised fields -> first-scale tokens `[8 h1 w1, 192]`, the
+    /// surface slab first.
+    fn embed(&self, upper: &Tensor, surface: &Tensor) -> Result<Tensor> {
+        let g = &self.geom;
+        let (h, hp, h1, w1) = (g.lat, g.lat_padded, g.h1, g.w1);
+        let dtype = self.opts.dtype;
+        let u = upper
+            .broadcast_sub(&self.upper_mean)?
+            .broadcast_div(&self.upper_std)?;
+        let u = Tensor::cat(&[&u, &self.upper_constants], 0)?
+            .pad_with_zeros(1, 0, 1)?
+            .pad_with_zeros(2, 0, hp - h)?
+            .to_dtype(dtype)?;
+        // [c, z, dz, y, dy, x, dx] -> [z, y, x, c, dz, dy, dx].
+        let u = u
+            .reshape(vec![6, 7, 2, h1, 4, w1, 4])?
+            .permute(vec![1, 3, 5, 0, 2, 4, 6])?
+            .contiguous()?
+            .reshape((7 * h1 * w1, 192))?;
+        let s = surface
+            .broadcast_sub(&self.surface_mean)?
+            .broadcast_div(&self.surface_std)?
+            .pad_with_zeros(1, 0, hp - h)?;
+        let s = Tensor::cat(&[&s, &self.surface_constants], 0)?.to_dtype(dtype)?;
+        // [c, y, dy, x, dx] -> [y, x, c, dy, dx].
+        let s = s
+            .reshape((7, h1, 4, w1, 4))?
+            .permute((1, 3, 0, 2, 4))?
+            .contiguous()?
+            .reshape((h1 * w1, 112))?;
+        self.mark("embed_layout")?;
+        let eu = self.linear(&u, &self.embed_upper)?;
+        let es = self.linear(&s, &self.embed_surface)?;
+        self.mark("embed_gemm")?;
+        let x = Tensor::cat(&[&es, &eu], 0)?;
+        self.mark("embed_concat")?;
+        Ok(x)
+    }
+
+    fn block(&self, layer: &Layer, b: &Block, x: &Tensor) -> Result<Tensor> {
+        let win = &layer.win[usize::from(b.shifted)];
+        let ops = self.ops(layer.dim);
+        let w = &b.w;
+        match self.order {
+            BlockOrder::Post => {
+                let h = match self.opts.build {
+                    Build::Candle => partition(x, win)?,
+                    Build::Wavefuse => wavefuse_candle::gather(x, &win.wavefuse()?.partition)?,
+                };
+                self.mark("partition")?;
+                let a = self.attention(ops, &h, b, win)?;
+                let r = match self.opts.build {
+                    Build::Candle => self.layer_norm(&unpartition(&a, win)?, &w.norm1)?,
+                    Build::Wavefuse => wavefuse_candle::layer_norm_gather(
+                        &a,
+                        &win.wavefuse()?.reverse,
+                        Some(&w.norm1.packed),
+                        LN_EPS,
+                    )?,
+                };
+                self.mark("reverse_norm")?;
+                let x = (x + r)?;
+                self.mark("add")?;
+                let m = match self.opts.build {
+                    Build::Candle => {
+                        let a = matmul_t(&x, &w.fc1.w)?
+                            .broadcast_add(&w.fc1.b)?
+                            .gelu_erf()?;
+                        matmul_t(&a, &w.fc2_w)?.broadcast_add(&w.fc2_b)?
+                    }
+                    Build::Wavefuse => ops.mlp(&x, w)?,
+                };
+                let r = self.layer_norm(&m, &w.norm2)?;
+                self.mark("norm")?;
+                let x = (x + r)?;
+                self.mark("add")?;
+                Ok(x)
+            }
+            BlockOrder::Pre => {
+                let h = ops.norm_partition(x, &w.norm1, win)?;
+                let a = self.attention(ops, &h, b, win)?;
+                let (x, h) = ops.unpartition_add_norm(x, &a, &w.norm2, win)?;
+                let m = ops.mlp(&h, w)?;
+                Ok(ops.add(&x, &m)?)
+            }
+        }
+    }
+
+    fn attention(
+        &self,
+        ops: &dyn StageOps,
+        h: &Tensor,
+        b: &Block,
+        win: &Windowing,
+    ) -> Result<Tensor> {
+        let (qkv, bias) = ops.qkv(h, &b.w)?;
+        ops.mark("qkv_gemm")?;
+        let o = ops.attention(&qkv, bias, &b.w.earth_bias, b.heads, win)?;
+        Ok(ops.proj(&o, &b.w, win)?)
+    }
+
+    fn layer(&self, l: usize, x: Tensor) -> Result<Tensor> {
+        let layer = &self.layers[l];
+        let mut x = x;
+        for b in &layer.blocks {
+            x = self.block(layer, b, &x)?;
+        }
+        Ok(x)
+    }
+
+    fn downsample(&self, x: &Tensor) -> Result<Tensor> {
+        let g = &self.geom;
+        let m = match &self.maps {
+            Some(maps) => wavefuse_candle::gather(x, &maps.merge)?.reshape((g.n2(), 768))?,
+            None => x
+                .reshape((SLABS, g.h1, g.w1, 192))?
+                .pad_with_zeros(1, 0, 2 * g.h2 - g.h1)?
+                .reshape((SLABS, g.h2, 2, g.w2, 2 * 192))?
+                .permute((0, 1, 3, 2, 4))?
+                .contiguous()?
+                .reshape((g.n2(), 768))?,
+        };
+        self.mark("merge")?;
+        let m = self.layer_norm(&m, &self.down_norm)?;
+        self.mark("merge_norm")?;
+        let y = self.linear(&m, &self.down)?;
+        self.mark("merge_gemm")?;
+        Ok(y)
+    }
+
+    fn upsample(&self, x: &Tensor) -> Result<Tensor> {
+        let g = &self.geom;
+        let y = self.linear(x, &self.up1)?;
+        self.mark("split_gemm")?;
+        let y = match &self.maps {
+            Some(maps) => wavefuse_candle::layer_norm_gather(
+                &y.reshape((g.n2() * 4, 192))?,
+                &maps.split,
+                Some(&self.up_norm.packed),
+                LN_EPS,
+            )?,
+            None => {
+                let y = y
+                    .reshape((SLABS, g.h2, g.w2, 2, 2 * 192))?
+                    .permute((0, 1, 3, 2, 4))?
+                    .reshape((SLABS, 2 * g.h2, g.w1, 192))?
+                    .narrow(1, 0, g.h1)?
+                    .contiguous()?
+                    .reshape((g.n1(), 192))?;
+                self.layer_norm(&y, &self.up_norm)?
+            }
+        };
+        self.mark("split_norm")?;
+        let y = self.linear(&y, &self.up2)?;
+        self.mark("split_gemm")?;
+        Ok(y)
+    }
+
+    /// Tokens `[8 h1 w1, 384]` -> normalised fields.
+    fn recover(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        let g = &self.geom;
+        let (h, hp, w, h1, w1) = (g.lat, g.lat_padded, g.lon, g.h1, g.w1);
+        let fd = self.field_dtype();
+        let plane = h1 * w1;
+        let ys = self.linear(&x.narrow(0, 0, plane)?, &self.recover_surface)?;
+        let yu = self.linear(&x.narrow(0, plane, 7 * plane)?, &self.recover_upper)?;
+        self.mark("recover_gemm")?;
+        // [y, x, c, dy, dx] -> [c, y, dy, x, dx].
+        let ys = ys
+            .to_dtype(fd)?
+            .reshape((h1, w1, 4, 4, 4))?
+            .permute((2, 0, 3, 1, 4))?
+            .reshape((4, hp, w))?
+            .narrow(1, 0, h)?;
+        // [z, y, x, c, dz, dy, dx] -> [c, z, dz, y, dy, x, dx].
+        let yu = yu
+            .to_dtype(fd)?
+            .reshape(vec![7, h1, w1, 5, 2, 4, 4])?
+            .permute(vec![3, 0, 4, 1, 5, 2, 6])?
+            .reshape((5, 14, hp, w))?
+            .narrow(1, 0, 13)?
+            .narrow(2, 0, h)?;
+        let yu = yu
+            .broadcast_mul(&self.upper_std)?
+            .broadcast_add(&self.upper_mean)?
+            .contiguous()?;
+        let ys = ys
+            .broadcast_mul(&self.surface_std)?
+            .broadcast_add(&self.surface_mean)?
+            .contiguous()?;
+        self.mark("recover_layout")?;
+        Ok((yu, ys))
+    }
+
+    /// One forecast step: upper air `[5, 13, H, W]` and surface `[4, H, W]`
+    /// (physical units, [`Pangu::field_dtype`], on the network's device)
+    /// to the same a model interval later.
+    pub fn forward(&self, upper: &Tensor, surface: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.check_fields(upper, surface)?;
+        let x = self.embed(upper, surface)?;
+        let x0 = self.layer(0, x)?;
+        let x = self.downsample(&x0)?;
+        let x = self.layer(1, x)?;
+        let x = self.layer(2, x)?;
+        let x = self.upsample(&x)?;
+        let x3 = self.layer(3, x)?;
+        let skip = if self.opts.faults.swap_skip {
+            Tensor::cat(&[&x3, &x0], 1)?
+        } else {
+            Tensor::cat(&[&x0, &x3], 1)?
+        };
+        self.mark("skip_concat")?;
+        self.recover(&skip)
+    }
+}
+
+fn field_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// One block's parameters in the stage's layout: the earth bias expanded
+/// to `[types, heads, 144, 144]`, norm2 kept (and folded into fc1 for the
+/// candle pre-norm build).
+fn block_weights(
+    w: &Weights,
+    p: &str,
+    c: usize,
+    win: &Windowing,
+    device: &Device,
+    dtype: DType,
+) -> Result<BlockWeights> {
+    let get = |s: &str| w.get(&format!("{p}.{s}"));
+    let dev = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(dtype)?.to_device(device)?) };
+    let heads = c / 32;
+    let table = get("attn.earth_specific_bias")?;
+    let bias = match table.rank() {
+        3 => expand_earth_bias(table, WINDOW)?,
+        5 => table.squeeze(0)?,
+        _ => table.clone(),
+    };
+    let want = [win.n_types(), heads, TOKENS, TOKENS];
+    if bias.dims() != want {
+        return Err(Error::Shape {
+            what: format!("{}: `{p}.attn.earth_specific_bias`", w.file),
+            got: table.dims().to_vec(),
+            want: format!("{want:?} once expanded"),
+        });
+    }
+    let (fc1_w, fc1_b) = fold_layer_norm(
+        get("norm2.weight")?,
+        get("norm2.bias")?,
+        get("mlp.fc1.weight")?,
+        get("mlp.fc1.bias")?,
+    )?;
+    let affine = |n: &str| -> Result<Affine> {
+        Ok(Affine::new(
+            dev(get(&format!("{n}.weight"))?)?,
+            dev(get(&format!("{n}.bias"))?)?,
+        )?)
+    };
+    Ok(BlockWeights {
+        norm1: affine("norm1")?,
+        qkv_w: dev(get("attn.qkv.weight")?)?,
+        qkv_b: dev(get("attn.qkv.bias")?)?,
+        earth_bias: dev(&bias.contiguous()?)?,
+        proj_w: dev(get("attn.proj.weight")?)?,
+        proj_b: dev(get("attn.proj.bias")?)?,
+        norm2: affine("norm2")?,
+        fc1_w: dev(&fc1_w)?,
+        fc1_b: dev(&fc1_b)?,
+        fc2_w: dev(get("mlp.fc2.weight")?)?,
+        fc2_b: dev(get("mlp.fc2.bias")?)?,
+        fc1: Fc1 {
+            w: dev(get("mlp.fc1.weight")?)?,
+            b: dev(get("mlp.fc1.bias")?)?,
+            zero: Tensor::zeros(4 * c, dtype, device)?,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_and_split_are_inverse_on_the_grid() {
+        let g = Geometry::new(25, 96).unwrap();
+        let m = merge_table(&g);
+        let s = split_table(&g);
+        // Every fine token is merged once; the split reads it back from
+        // where the merge put it.
+        let mut seen = vec![0; g.n1()];
+        for &v in m.iter().filter(|&&v| v >= 0) {
+            seen[v as usize] += 1;
+        }
+        assert!(seen.iter().all(|&c| c == 1));
+        for (fine, &slot) in s.iter().enumerate() {
+            assert_eq!(m[slot as usize], fine as i32);
+        }
+        // h1 = 7 is odd: the last coarse row's second half is padding.
+        assert_eq!(m.iter().filter(|&&v| v < 0).count(), 8 * g.w2 * 2);
+    }
+}
