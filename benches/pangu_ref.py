@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """The Pangu-Weather stage in plain PyTorch: the reference for the candle stage.
 
-Two Earth-specific blocks (unshifted, shifted by (1, 3, 6)) in the profiled
-student model's pre-norm order, written step by step as the public Pangu
-pseudocode spells them: LayerNorm, zero pad, roll, reshape/permute window
-partition, QKV Linear, q scale, q @ k^T, earth-specific bias (the pseudocode's
-position-index table, one bias per window type), Swin's shifted-window mask,
-softmax, @ v, output Linear, reverse partition, roll back, crop, residual,
-LayerNorm, MLP (Linear, exact GELU, Linear), residual.
+Two Earth-specific blocks (unshifted, shifted by (1, 3, 6)), written step by
+step as the public Pangu pseudocode spells them: zero pad, roll, reshape/permute
+window partition, QKV Linear, q scale, q @ k^T, earth-specific bias (the
+pseudocode's position-index table, one bias per window type), the
+shifted-window mask, softmax, @ v, output Linear, reverse partition, roll back,
+crop, residual, MLP (Linear, exact GELU, Linear), residual. `--order post`
+(default, the released weights): LayerNorm after the attention and after the
+MLP, inside the residual, and the mask along level and latitude only;
+`--order pre` (the profiled student model): LayerNorm before each, Swin's
+three-axis mask. pangu_stage takes the same flag.
 
 Commands (needs only torch; no network, no safetensors package, no Rust):
   pangu_ref.py gen   --dir D [--scales s1,s2] [--seed N]
@@ -136,12 +139,18 @@ def window_reverse(x, p):
     return x.permute(0, 3, 1, 4, 2, 5, 6).reshape(zp, hp, wp, c)
 
 
-def shift_mask(grid, shift):
-    """Swin's attention mask on the padded grid: [windows, T, T], 0 or -100."""
+def shift_mask(grid, shift, axes=3):
+    """The shifted-window attention mask on the padded grid: [windows, T, T],
+    0 or -100. Regions are Swin's slices along the first `axes` axes: all
+    three for the student model (27 regions), level and latitude for the
+    released model (9 regions; longitude wraps around the globe, so the
+    tokens its roll brings round are real neighbours)."""
     p = padded(grid)
     img = torch.zeros(p)
     cnt = 0
     sl = [(slice(0, -w), slice(-w, -s), slice(-s, None)) for w, s in zip(WINDOW, shift)]
+    if axes == 2:
+        sl[2] = (slice(None),)
     for z in sl[0]:
         for h in sl[1]:
             for w in sl[2]:
@@ -154,10 +163,10 @@ def shift_mask(grid, shift):
 
 # ---------------------------------------------------------------- the model
 class Block(torch.nn.Module):
-    def __init__(self, sd, i, grid, dim, heads, shifted, dtype, device):
+    def __init__(self, sd, i, grid, dim, heads, shifted, dtype, device, order="post"):
         super().__init__()
         g = lambda n: sd[f"b{i}.{n}"].to(device=device, dtype=dtype)  # noqa: E731
-        self.grid, self.dim, self.heads = grid, dim, heads
+        self.grid, self.dim, self.heads, self.order = grid, dim, heads, order
         self.shift = SHIFT if shifted else (0, 0, 0)
         for n in ["norm1.weight", "norm1.bias", "qkv.weight", "qkv.bias", "proj.weight", "proj.bias",
                   "norm2.weight", "norm2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]:
@@ -169,7 +178,8 @@ class Block(torch.nn.Module):
         # here as candle builds it at load.
         bias = table[position_index().to(device)].reshape(t, t, table.shape[1], heads).permute(2, 3, 0, 1)
         self.register_buffer("earth_bias", bias.contiguous())
-        mask = shift_mask(grid, self.shift).to(device=device, dtype=dtype) if shifted else None
+        axes = 2 if order == "post" else 3
+        mask = shift_mask(grid, self.shift, axes).to(device=device, dtype=dtype) if shifted else None
         self.register_buffer("mask", mask)
 
     def forward(self, x):
@@ -177,8 +187,9 @@ class Block(torch.nn.Module):
         p = padded(self.grid)
         sz, sh, sw = self.shift
         t = WINDOW[0] * WINDOW[1] * WINDOW[2]
+        post = self.order == "post"
         shortcut = x
-        y = F.layer_norm(x, (c,), self.norm1_weight, self.norm1_bias, EPS)
+        y = x if post else F.layer_norm(x, (c,), self.norm1_weight, self.norm1_bias, EPS)
         y = y.reshape(z, h, w, c)
         y = F.pad(y, (0, 0, 0, p[2] - w, 0, p[1] - h, 0, p[0] - z))
         if self.mask is not None:
@@ -202,6 +213,11 @@ class Block(torch.nn.Module):
         if self.mask is not None:
             y = torch.roll(y, shifts=(sz, sh, sw), dims=(0, 1, 2))
         y = y[:z, :h, :w].reshape(z * h * w, c)
+        if post:
+            # Post-norm (the released weights): x + norm1(attn), x + norm2(mlp).
+            x = shortcut + F.layer_norm(y, (c,), self.norm1_weight, self.norm1_bias, EPS)
+            y = F.linear(F.gelu(F.linear(x, self.fc1_weight, self.fc1_bias)), self.fc2_weight, self.fc2_bias)
+            return x + F.layer_norm(y, (c,), self.norm2_weight, self.norm2_bias, EPS)
         x = shortcut + y
         y = F.layer_norm(x, (c,), self.norm2_weight, self.norm2_bias, EPS)
         y = F.linear(F.gelu(F.linear(y, self.fc1_weight, self.fc1_bias)), self.fc2_weight, self.fc2_bias)
@@ -209,11 +225,11 @@ class Block(torch.nn.Module):
 
 
 class Stage(torch.nn.Module):
-    def __init__(self, sd, scale, dtype, device):
+    def __init__(self, sd, scale, dtype, device, order="post"):
         super().__init__()
         grid, dim, heads = SCALES[scale]
         self.blocks = torch.nn.ModuleList(
-            [Block(sd, i, grid, dim, heads, i % 2 == 1, dtype, device) for i in range(2)])
+            [Block(sd, i, grid, dim, heads, i % 2 == 1, dtype, device, order) for i in range(2)])
 
     def forward(self, x):
         for b in self.blocks:
@@ -282,12 +298,12 @@ def check(args):
         sd = load_safetensors(os.path.join(args.dir, f"pangu_{scale}.safetensors"))
         refs = {}
         with torch.no_grad():
-            m32 = Stage(sd, scale, torch.float32, dev)
+            m32 = Stage(sd, scale, torch.float32, dev, args.order)
             x32 = stage_input(sd, scale, torch.float32, dev)
             refs["y"] = m32(x32)
             refs["y_block0"] = m32.blocks[0](x32)
             del m32
-            m16 = Stage(sd, scale, torch.float16, dev)
+            m16 = Stage(sd, scale, torch.float16, dev, args.order)
             x16 = stage_input(sd, scale, torch.float16, dev)
             outs = {"torch-f16": {"y": m16(x16), "y_block0": m16.blocks[0](x16)}}
             del m16
@@ -375,7 +391,7 @@ def bench(args):
     barrier = Barrier()
     for scale in args.scales:
         sd = load_safetensors(os.path.join(args.dir, f"pangu_{scale}.safetensors"))
-        m = Stage(sd, scale, torch.float16, dev).eval()
+        m = Stage(sd, scale, torch.float16, dev, args.order).eval()
         x0 = stage_input(sd, scale, torch.float16, dev)
         # Rotated inputs: every call reads a buffer the previous call did not.
         xs = [x0.clone() for _ in range(3)]
@@ -440,6 +456,9 @@ def main():
     ap.add_argument("cmd", choices=["gen", "check", "bench"])
     ap.add_argument("--dir", required=True)
     ap.add_argument("--scales", default="s1,s2")
+    ap.add_argument("--order", choices=["post", "pre"], default="post",
+                    help="post: the released weights' blocks (post-norm, level+latitude mask; "
+                         "pangu_stage's default); pre: the student model's (pre-norm, 3-axis mask)")
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--device", default=None)
     ap.add_argument("--modes", default="eager,default,max-autotune")

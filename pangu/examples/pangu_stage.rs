@@ -6,10 +6,14 @@
 //! stream-ordered pool's high-water mark.
 //!
 //! ```text
-//! pangu_stage [--scale s1|s2|tiny] [--weights FILE | --random SEED]
+//! pangu_stage [--scale s1|s2|tiny|tiny192] [--order post|pre]
+//!             [--weights FILE | --random SEED]
 //!             [--build candle,wavefuse,wavefuse-unfused] [--device cpu|cuda]
 //!             [--out DIR [--dump]] [--reps N] [--breakdown N]
 //! ```
+//! `--order post` (default): the released weights' blocks (post-norm, mask
+//! along level and latitude, longitude wrapping); `--order pre`: the
+//! profiled student model's (pre-norm, Swin's three-axis mask).
 //! `--dump`: one more stage forward per build that keeps every step's
 //! operands and results, written to `DIR/steps_<build>_<scale>.safetensors`
 //! (`benches/pangu_rounding.py` compares them with PyTorch step by step).
@@ -18,7 +22,7 @@
 //! step's median and the medians summed by step name.
 //! On the CPU (CI): `pangu_stage --scale tiny --random 1 --device cpu`.
 use candle_core::{DType, Device, Tensor};
-use pangu::stage::{self, CandleOps, Probe, Stage, StageConfig, StageOps, WavefuseOps};
+use pangu::stage::{self, BlockOrder, CandleOps, Probe, Stage, StageConfig, StageOps, WavefuseOps};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -172,6 +176,37 @@ impl StageOps for Dump<'_> {
         self.keep("add", &[("y", &y)])?;
         Ok(y)
     }
+
+    fn partition(&self, x: &Tensor, win: &stage::Windowing) -> candle_core::Result<Tensor> {
+        self.keep("partition", &[("x", x)])?;
+        let h = self.inner.partition(x, win)?;
+        self.keep("partition", &[("h", &h)])?;
+        Ok(h)
+    }
+
+    fn unpartition_norm_add(
+        &self,
+        x: &Tensor,
+        branch: &Tensor,
+        norm1: &stage::Affine,
+        win: &stage::Windowing,
+    ) -> candle_core::Result<Tensor> {
+        self.keep("unpartition_norm_add", &[("x", x), ("branch", branch)])?;
+        let y = self.inner.unpartition_norm_add(x, branch, norm1, win)?;
+        self.keep("unpartition_norm_add", &[("sum", &y)])?;
+        Ok(y)
+    }
+
+    fn mlp_norm_add(
+        &self,
+        x: &Tensor,
+        w: &stage::weights::BlockWeights,
+    ) -> candle_core::Result<Tensor> {
+        self.keep("mlp_norm_add", &[("x", x)])?;
+        let y = self.inner.mlp_norm_add(x, w)?;
+        self.keep("mlp_norm_add", &[("sum", &y)])?;
+        Ok(y)
+    }
 }
 
 /// `n` stage forwards with the step timer on: each step's median (steps
@@ -209,6 +244,7 @@ type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 struct Args {
     scale: String,
+    order: BlockOrder,
     weights: Option<String>,
     random: Option<u64>,
     builds: Vec<String>,
@@ -222,6 +258,7 @@ struct Args {
 fn parse() -> Res<Args> {
     let mut a = Args {
         scale: "tiny".into(),
+        order: BlockOrder::Post,
         weights: None,
         random: None,
         builds: vec!["candle".into()],
@@ -236,6 +273,7 @@ fn parse() -> Res<Args> {
         let mut v = || it.next().ok_or_else(|| format!("{k} needs a value"));
         match k.as_str() {
             "--scale" => a.scale = v()?,
+            "--order" => a.order = BlockOrder::parse(&v()?)?,
             "--weights" => a.weights = Some(v()?),
             "--random" => a.random = Some(v()?.parse()?),
             "--build" => a.builds = v()?.split(',').map(String::from).collect(),
@@ -373,7 +411,9 @@ fn max_rms(a: &Tensor, b: &Tensor) -> Res<(f64, f64)> {
 
 fn main() -> Res<()> {
     let a = parse()?;
-    let cfg = StageConfig::by_name(&a.scale).ok_or_else(|| format!("unknown scale {}", a.scale))?;
+    let cfg = StageConfig::by_name(&a.scale)
+        .ok_or_else(|| format!("unknown scale {}", a.scale))?
+        .with_order(a.order);
     let dev = match a.device.as_str() {
         "cpu" => Device::Cpu,
         "cuda" => Device::new_cuda(0)?,
@@ -386,8 +426,16 @@ fn main() -> Res<()> {
     };
     let g = cfg.grid;
     println!(
-        "stage {}: grid {}x{}x{} dim {} heads {} window (2,6,12) shift (1,3,6), device {}",
-        a.scale, g.z, g.h, g.w, cfg.dim, cfg.heads, a.device
+        "stage {}: grid {}x{}x{} dim {} heads {} window (2,6,12) shift (1,3,6), {}-norm, mask {}, device {}",
+        a.scale,
+        g.z,
+        g.h,
+        g.w,
+        cfg.dim,
+        cfg.heads,
+        cfg.order.name(),
+        cfg.mask.name(),
+        a.device
     );
     let t0 = Instant::now();
     let stage = Stage::load(cfg, &t, &dev, DType::F16)?;

@@ -19,7 +19,7 @@ use crate::stage::config::{LN_EPS, SHIFT, WINDOW};
 use crate::stage::ops::{Affine, StageOps, matmul_t};
 use crate::stage::tables::{Windowing, expand_earth_bias};
 use crate::stage::weights::{BlockWeights, Fc1, fold_layer_norm};
-use crate::stage::{CandleOps, WavefuseOps, partition, unpartition};
+use crate::stage::{CandleOps, WavefuseOps, affine_layer_norm};
 use crate::weights::{TOKENS, Weights};
 use candle_core::{DType, Device, Tensor};
 use wavefuse_candle::Plan;
@@ -346,16 +346,7 @@ impl Pangu {
 
     fn layer_norm(&self, x: &Tensor, a: &Affine) -> Result<Tensor> {
         Ok(match self.opts.build {
-            // candle-nn's fused LayerNorm has no f64 kernel: spelled out.
-            Build::Candle if x.dtype() == DType::F64 => {
-                let mean = x.mean_keepdim(candle_core::D::Minus1)?;
-                let xc = x.broadcast_sub(&mean)?;
-                let var = xc.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
-                xc.broadcast_div(&(var + f64::from(LN_EPS))?.sqrt()?)?
-                    .broadcast_mul(&a.gamma)?
-                    .broadcast_add(&a.beta)?
-            }
-            Build::Candle => candle_nn::ops::layer_norm(x, &a.gamma, &a.beta, LN_EPS)?,
+            Build::Candle => affine_layer_norm(x, a)?,
             Build::Wavefuse => wavefuse_candle::layer_norm(x, Some(&a.packed), LN_EPS)?,
         })
     }
@@ -430,38 +421,10 @@ impl Pangu {
         let w = &b.w;
         match self.order {
             BlockOrder::Post => {
-                let h = match self.opts.build {
-                    Build::Candle => partition(x, win)?,
-                    Build::Wavefuse => wavefuse_candle::gather(x, &win.wavefuse()?.partition)?,
-                };
-                self.mark("partition")?;
+                let h = ops.partition(x, win)?;
                 let a = self.attention(ops, &h, b, win)?;
-                let r = match self.opts.build {
-                    Build::Candle => self.layer_norm(&unpartition(&a, win)?, &w.norm1)?,
-                    Build::Wavefuse => wavefuse_candle::layer_norm_gather(
-                        &a,
-                        &win.wavefuse()?.reverse,
-                        Some(&w.norm1.packed),
-                        LN_EPS,
-                    )?,
-                };
-                self.mark("reverse_norm")?;
-                let x = (x + r)?;
-                self.mark("add")?;
-                let m = match self.opts.build {
-                    Build::Candle => {
-                        let a = matmul_t(&x, &w.fc1.w)?
-                            .broadcast_add(&w.fc1.b)?
-                            .gelu_erf()?;
-                        matmul_t(&a, &w.fc2_w)?.broadcast_add(&w.fc2_b)?
-                    }
-                    Build::Wavefuse => ops.mlp(&x, w)?,
-                };
-                let r = self.layer_norm(&m, &w.norm2)?;
-                self.mark("norm")?;
-                let x = (x + r)?;
-                self.mark("add")?;
-                Ok(x)
+                let x = ops.unpartition_norm_add(x, &a, &w.norm1, win)?;
+                Ok(ops.mlp_norm_add(&x, w)?)
             }
             BlockOrder::Pre => {
                 let h = ops.norm_partition(x, &w.norm1, win)?;

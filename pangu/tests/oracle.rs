@@ -1,11 +1,12 @@
-//! An f64 oracle of the pre-norm Pangu stage, written token by token from
-//! the definitions (Swin's slice regions, the pseudocode's position index,
-//! LayerNorm with its affine, exact GELU), sharing no code with the crate's
-//! window planner or candle path.
+//! An f64 oracle of the Pangu stage in either block order, written token
+//! by token from the definitions (the slice regions of Swin's mask, along
+//! level and latitude only when longitude wraps; the pseudocode's position
+//! index; LayerNorm with its affine; exact GELU), sharing no code with the
+//! crate's window planner or candle path.
 #![allow(dead_code)]
 
 use candle_core::{DType, Tensor};
-use pangu::stage::StageConfig;
+use pangu::stage::{BlockOrder, MaskAxes, StageConfig};
 use std::collections::HashMap;
 
 /// A weight from the file layout as f64, row-major.
@@ -93,8 +94,24 @@ fn block(cfg: &StageConfig, t: &HashMap<String, Tensor>, i: usize, s: [usize; 3]
     let types = nw[0] * nw[1];
     let scale = (hd as f64).powf(-0.5);
     let n = x.len() / c;
+    let post = cfg.order == BlockOrder::Post;
+    // Longitude wraps around the globe in the released model: its shifted
+    // tokens are real neighbours, one region.
+    let masked_axes = match cfg.mask {
+        MaskAxes::LevelLatitude => 2,
+        MaskAxes::All => 3,
+    };
+    // The attention's input per token: the residual itself (post-norm) or
+    // norm1 of it (pre-norm).
     let ln1: Vec<Vec<f64>> = (0..n)
-        .map(|k| layer_norm(&x[k * c..(k + 1) * c], &g1, &b1))
+        .map(|k| {
+            let xk = &x[k * c..(k + 1) * c];
+            if post {
+                xk.to_vec()
+            } else {
+                layer_norm(xk, &g1, &b1)
+            }
+        })
         .collect();
     let mut branch = vec![0.0; x.len()];
     for wz in 0..nw[0] {
@@ -112,8 +129,15 @@ fn block(cfg: &StageConfig, t: &HashMap<String, Tensor>, i: usize, s: [usize; 3]
                             let q: Vec<usize> = (0..3).map(|k| (r[k] + s[k]) % p[k]).collect();
                             let src = (q[0] < g[0] && q[1] < g[1] && q[2] < g[2])
                                 .then(|| (q[0] * g[1] + q[1]) * g[2] + q[2]);
-                            let reg: Vec<usize> =
-                                (0..3).map(|k| region(r[k], p[k], w[k], s[k])).collect();
+                            let reg: Vec<usize> = (0..3)
+                                .map(|k| {
+                                    if k < masked_axes {
+                                        region(r[k], p[k], w[k], s[k])
+                                    } else {
+                                        0
+                                    }
+                                })
+                                .collect();
                             toks.push(((a, b, cc), src, reg));
                         }
                     }
@@ -168,15 +192,29 @@ fn block(cfg: &StageConfig, t: &HashMap<String, Tensor>, i: usize, s: [usize; 3]
             }
         }
     }
-    for (xv, bv) in x.iter_mut().zip(&branch) {
-        *xv += bv;
+    for k in 0..n {
+        let bk = &branch[k * c..(k + 1) * c];
+        let r = if post {
+            layer_norm(bk, &g1, &b1)
+        } else {
+            bk.to_vec()
+        };
+        for (xv, rv) in x[k * c..(k + 1) * c].iter_mut().zip(r) {
+            *xv += rv;
+        }
     }
     for k in 0..n {
-        let h = layer_norm(&x[k * c..(k + 1) * c], &g2, &b2);
+        let xk = &x[k * c..(k + 1) * c];
+        let h = if post {
+            xk.to_vec()
+        } else {
+            layer_norm(xk, &g2, &b2)
+        };
         let a: Vec<f64> = linear(&h, &f1w, &f1b).into_iter().map(gelu).collect();
         let m = linear(&a, &f2w, &f2b);
-        for (xv, mv) in x[k * c..(k + 1) * c].iter_mut().zip(m) {
-            *xv += mv;
+        let r = if post { layer_norm(&m, &g2, &b2) } else { m };
+        for (xv, rv) in x[k * c..(k + 1) * c].iter_mut().zip(r) {
+            *xv += rv;
         }
     }
 }

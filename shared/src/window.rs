@@ -856,6 +856,71 @@ mod tests {
         );
     }
 
+    /// Pangu's mask on a periodic-longitude plan against its definition,
+    /// built slice by slice: on the padded grid, level is cut into
+    /// `[:-2], [-2:-1], [-1:]` and latitude into `[:-6], [-6:-3], [-3:]`
+    /// (9 regions; the id image is not rolled, as in Swin), longitude is
+    /// one region; each window's mask is 0 between tokens of one region and
+    /// `MASK_NEG` otherwise. Both of Pangu's windowings, tables only.
+    fn check_pangu_mask(grid: (usize, usize, usize)) {
+        let p = plan(grid, (2, 6, 12), (1, 3, 6)).periodic_w().unwrap();
+        let pd = p.padded_grid();
+        let cut = |pos: usize, len: usize, a: usize, b: usize| -> usize {
+            if pos < len - a {
+                0
+            } else if pos < len - b {
+                1
+            } else {
+                2
+            }
+        };
+        let mut image = vec![0usize; pd.z * pd.h * pd.w];
+        for z in 0..pd.z {
+            for h in 0..pd.h {
+                for w in 0..pd.w {
+                    image[(z * pd.h + h) * pd.w + w] = cut(z, pd.z, 2, 1) * 3 + cut(h, pd.h, 6, 3);
+                }
+            }
+        }
+        let (nh, nw) = (pd.h / 6, pd.w / 12);
+        let t = p.tokens_per_window();
+        let slots = p.mask_slots();
+        let mut regions = vec![0usize; t];
+        for win in 0..p.n_windows() {
+            let (wz, wh, ww) = (win / (nh * nw), win / nw % nh, win % nw);
+            let mut k = 0;
+            for a in 0..2 {
+                for b in 0..6 {
+                    for c in 0..12 {
+                        regions[k] = image[((wz * 2 + a) * pd.h + wh * 6 + b) * pd.w + ww * 12 + c];
+                        k += 1;
+                    }
+                }
+            }
+            let got = &slots.slot_masks[slots.window_to_slot[win] as usize * t * t..][..t * t];
+            for i in 0..t {
+                for j in 0..t {
+                    let want = if regions[i] == regions[j] {
+                        0.0
+                    } else {
+                        MASK_NEG
+                    };
+                    assert_eq!(got[i * t + j], want, "{grid:?} window {win} ({i}, {j})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pangu_mask_matches_slices_first_scale() {
+        check_pangu_mask((8, 181, 360));
+    }
+
+    #[test]
+    fn pangu_mask_matches_slices_second_scale() {
+        check_pangu_mask((8, 91, 180));
+    }
+
     #[test]
     fn student_model_token_counts() {
         // 131,040 grid tokens = 8 * 91 * 180. Pangu's (2, 6, 12) window pads

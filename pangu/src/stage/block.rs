@@ -1,17 +1,23 @@
-//! The Earth-specific transformer block in the profiled student model's
-//! pre-norm order, and the two-block stage, written once against
-//! [`StageOps`].
+//! The Earth-specific transformer block in either order, and the two-block
+//! stage, written once against [`StageOps`].
 //!
-//! Block: `h = windows(LN(x))`; `qkv = h Wqkv^T + bqkv`; `q, k, v` per
-//! head (q scaled); `s = q k^T`; `p = softmax(s + earth_bias[type] + mask)`;
-//! `o = p v`, heads merged; `a = o Wproj^T + bproj`; `x = x + unwindows(a)`;
-//! `h = LN(x)`; `m = gelu(h W1^T + b1) W2^T + b2`; `x = x + m`. norm1's
+//! Post-norm (the released weights, the public pseudocode): `h =
+//! windows(x)`; `a = attention(h)`; `x = x + LN1(unwindows(a))`; `x = x +
+//! LN2(mlp(x))`.
+//!
+//! Pre-norm (the profiled student model): `h = windows(LN1(x))`; `a =
+//! attention(h)`; `x = x + unwindows(a)`; `x = x + mlp(LN2(x))`. norm1's
 //! affine stays in the LayerNorm (the zero padding after it would not
 //! survive a fold into Wqkv: see [`StageOps::norm_partition`]); norm2's is
 //! folded into W1 at load or applied by the LayerNorm, as the build
 //! chooses. The last residual add is left pending so that the next block's
 //! entry can fuse it with its LayerNorm and partition.
-use super::config::{HEAD_DIM, StageConfig};
+//!
+//! Attention in both: `qkv = h Wqkv^T + bqkv`; `q, k, v` per head (q
+//! scaled); `p = softmax(q k^T + earth_bias[type] + mask)`; `o = p v`,
+//! heads merged; `a = o Wproj^T + bproj`. Windows are taken after a roll by
+//! `-shift` (every second block) and put back with a roll by `+shift`.
+use super::config::{BlockOrder, HEAD_DIM, MaskAxes, StageConfig};
 use super::ops::StageOps;
 use super::tables::Windowing;
 use super::weights::BlockWeights;
@@ -22,6 +28,7 @@ use std::collections::HashMap;
 #[derive(Debug)]
 pub struct Block {
     heads: usize,
+    order: BlockOrder,
     win: Windowing,
     w: BlockWeights,
 }
@@ -44,24 +51,38 @@ impl Block {
         ops.proj(&o, &self.w, &self.win)
     }
 
-    /// Runs the block on the residual `x` `[N, C]`, with `pending` the
-    /// previous block's MLP output not yet added to it. Returns the
-    /// residual after the attention half and this block's MLP output (the
-    /// caller adds it, or the next block's entry does).
+    /// Runs the block on the residual `x` `[N, C]`, with `pending` a
+    /// pre-norm block's MLP output not yet added to it. Returns the new
+    /// residual and, for a pre-norm block, this block's MLP output still to
+    /// be added (the caller adds it, or the next block's entry does).
     pub fn forward(
         &self,
         ops: &dyn StageOps,
         x: &Tensor,
         pending: Option<&Tensor>,
-    ) -> Result<(Tensor, Tensor)> {
-        let (x, h) = match pending {
-            None => (x.clone(), ops.norm_partition(x, &self.w.norm1, &self.win)?),
-            Some(d) => ops.add_norm_partition(x, d, &self.w.norm1, &self.win)?,
-        };
-        let a = self.attention(ops, &h)?;
-        let (x, h) = ops.unpartition_add_norm(&x, &a, &self.w.norm2, &self.win)?;
-        let m = ops.mlp(&h, &self.w)?;
-        Ok((x, m))
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        match self.order {
+            BlockOrder::Post => {
+                let x = match pending {
+                    None => x.clone(),
+                    Some(d) => ops.add(x, d)?,
+                };
+                let h = ops.partition(&x, &self.win)?;
+                let a = self.attention(ops, &h)?;
+                let x = ops.unpartition_norm_add(&x, &a, &self.w.norm1, &self.win)?;
+                Ok((ops.mlp_norm_add(&x, &self.w)?, None))
+            }
+            BlockOrder::Pre => {
+                let (x, h) = match pending {
+                    None => (x.clone(), ops.norm_partition(x, &self.w.norm1, &self.win)?),
+                    Some(d) => ops.add_norm_partition(x, d, &self.w.norm1, &self.win)?,
+                };
+                let a = self.attention(ops, &h)?;
+                let (x, h) = ops.unpartition_add_norm(&x, &a, &self.w.norm2, &self.win)?;
+                let m = ops.mlp(&h, &self.w)?;
+                Ok((x, Some(m)))
+            }
+        }
     }
 }
 
@@ -88,10 +109,17 @@ impl Stage {
         }
         let mut blocks = Vec::new();
         for i in 0..2 {
-            let win = Windowing::new(cfg.grid, cfg.window, cfg.block_shift(i), device, dtype)?;
+            let shift = cfg.block_shift(i);
+            let win = match cfg.mask {
+                MaskAxes::LevelLatitude => {
+                    Windowing::earth(cfg.grid, cfg.window, shift, device, dtype)?
+                }
+                MaskAxes::All => Windowing::new(cfg.grid, cfg.window, shift, device, dtype)?,
+            };
             let w = BlockWeights::load(t, i, &cfg, &win, device, dtype)?;
             blocks.push(Block {
                 heads: cfg.heads,
+                order: cfg.order,
                 win,
                 w,
             });
@@ -135,7 +163,7 @@ impl Stage {
         for b in &self.blocks {
             let (nx, m) = b.forward(ops, &x, pending.as_ref())?;
             x = nx;
-            pending = Some(m);
+            pending = m;
         }
         match pending {
             Some(m) => ops.add(&x, &m),
@@ -149,7 +177,9 @@ impl Stage {
             .blocks
             .get(i)
             .ok_or_else(|| candle_core::Error::Msg(format!("no block {i}")))?;
-        let (x, m) = b.forward(ops, x, None)?;
-        ops.add(&x, &m)
+        match b.forward(ops, x, None)? {
+            (x, Some(m)) => ops.add(&x, &m),
+            (x, None) => Ok(x),
+        }
     }
 }

@@ -39,6 +39,21 @@ impl CandleOps {
     }
 }
 
+/// `LayerNorm(x) * gamma + beta` over the last axis: candle-nn's fused
+/// kernel (f32 statistics), spelled out in f64 for an f64 tensor (the
+/// fused kernel has none).
+pub fn affine_layer_norm(x: &Tensor, a: &Affine) -> Result<Tensor> {
+    if x.dtype() != DType::F64 {
+        return candle_nn::ops::layer_norm(x, &a.gamma, &a.beta, LN_EPS);
+    }
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+    xc.broadcast_div(&(var + f64::from(LN_EPS))?.sqrt()?)?
+        .broadcast_mul(&a.gamma)?
+        .broadcast_add(&a.beta)
+}
+
 /// `x` `[N, C]` in grid order -> `[windows * T, C]`: zero-pad at the end of
 /// each axis, roll by `-shift`, partition.
 pub fn partition(x: &Tensor, win: &Windowing) -> Result<Tensor> {
@@ -193,5 +208,37 @@ impl StageOps for CandleOps {
         let y = (x + d)?;
         self.mark("add")?;
         Ok(y)
+    }
+
+    fn partition(&self, x: &Tensor, win: &Windowing) -> Result<Tensor> {
+        let h = partition(x, win)?;
+        self.mark("partition")?;
+        Ok(h)
+    }
+
+    fn unpartition_norm_add(
+        &self,
+        x: &Tensor,
+        branch: &Tensor,
+        norm1: &Affine,
+        win: &Windowing,
+    ) -> Result<Tensor> {
+        let r = affine_layer_norm(&unpartition(branch, win)?, norm1)?;
+        self.mark("unpartition_norm")?;
+        self.add(x, &r)
+    }
+
+    fn mlp_norm_add(&self, x: &Tensor, w: &BlockWeights) -> Result<Tensor> {
+        let a = matmul_t(x, &w.fc1.w)?;
+        self.mark("fc1_gemm")?;
+        let a = a.broadcast_add(&w.fc1.b)?.gelu_erf()?;
+        self.mark("bias_gelu")?;
+        let m = matmul_t(&a, &w.fc2_w)?;
+        self.mark("fc2_gemm")?;
+        let m = m.broadcast_add(&w.fc2_b)?;
+        self.mark("fc2_bias")?;
+        let r = affine_layer_norm(&m, &w.norm2)?;
+        self.mark("norm")?;
+        self.add(x, &r)
     }
 }

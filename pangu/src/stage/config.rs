@@ -1,4 +1,5 @@
 //! Shapes of the Pangu-Weather stages this crate builds.
+pub use crate::config::BlockOrder;
 use wavefuse_shared::window::{Grid3, Shift3, Window3};
 
 /// Pangu's window, `(2, 6, 12)` = 144 tokens.
@@ -12,6 +13,27 @@ pub const HEAD_DIM: usize = 32;
 
 /// LayerNorm epsilon (PyTorch's default, as in Pangu).
 pub const LN_EPS: f32 = 1e-5;
+
+/// The axes along which the shifted block's mask separates regions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaskAxes {
+    /// Level and latitude (9 regions): longitude wraps around the globe,
+    /// so the tokens the shift brings round are real neighbours. The
+    /// released Pangu-Weather model.
+    LevelLatitude,
+    /// All three axes (Swin's 27 regions): the profiled student model.
+    All,
+}
+
+impl MaskAxes {
+    /// `level-latitude` or `all`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MaskAxes::LevelLatitude => "level-latitude",
+            MaskAxes::All => "all",
+        }
+    }
+}
 
 /// One stage: two Earth-specific blocks, unshifted then shifted, on one
 /// token grid.
@@ -27,6 +49,10 @@ pub struct StageConfig {
     pub window: Window3,
     /// Shift of the second block.
     pub shift: Shift3,
+    /// Where the blocks' LayerNorms sit.
+    pub order: BlockOrder,
+    /// The shifted block's mask.
+    pub mask: MaskAxes,
 }
 
 impl StageConfig {
@@ -41,6 +67,8 @@ impl StageConfig {
         heads: 6,
         window: WINDOW,
         shift: SHIFT,
+        order: BlockOrder::Post,
+        mask: MaskAxes::LevelLatitude,
     };
 
     /// Pangu's second scale: 8 x 91 x 180 tokens of 384 channels, 12 heads.
@@ -54,6 +82,8 @@ impl StageConfig {
         heads: 12,
         window: WINDOW,
         shift: SHIFT,
+        order: BlockOrder::Post,
+        mask: MaskAxes::LevelLatitude,
     };
 
     /// A grid small enough for the CPU (CI): 672 tokens of 64 channels,
@@ -64,6 +94,8 @@ impl StageConfig {
         heads: 2,
         window: WINDOW,
         shift: SHIFT,
+        order: BlockOrder::Post,
+        mask: MaskAxes::LevelLatitude,
     };
 
     /// [`StageConfig::TINY`]'s grid at the first scale's width (192
@@ -75,9 +107,26 @@ impl StageConfig {
         heads: 6,
         window: WINDOW,
         shift: SHIFT,
+        order: BlockOrder::Post,
+        mask: MaskAxes::LevelLatitude,
     };
 
-    /// The configuration named `s1`, `s2`, `tiny` or `tiny192`.
+    /// The same grid and widths with the blocks of the released weights
+    /// (post-norm, level and latitude mask) or of the profiled student
+    /// model (pre-norm, all three axes masked).
+    pub const fn with_order(self, order: BlockOrder) -> StageConfig {
+        StageConfig {
+            order,
+            mask: match order {
+                BlockOrder::Post => MaskAxes::LevelLatitude,
+                BlockOrder::Pre => MaskAxes::All,
+            },
+            ..self
+        }
+    }
+
+    /// The configuration named `s1`, `s2`, `tiny` or `tiny192` (the
+    /// released model's blocks; see [`StageConfig::with_order`]).
     pub fn by_name(name: &str) -> Option<StageConfig> {
         match name {
             "s1" => Some(Self::SCALE1),

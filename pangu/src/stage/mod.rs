@@ -1,5 +1,7 @@
 //! The Pangu-Weather stage on candle: two Earth-specific transformer blocks
-//! (unshifted, shifted) in the profiled student model's pre-norm order.
+//! (unshifted, shifted), post-norm with the level and latitude mask as the
+//! released weights need, or pre-norm with Swin's three-axis mask as in the
+//! profiled student model ([`StageConfig::with_order`]).
 //!
 //! One source ([`Stage`], written against [`StageOps`]), two builds picked
 //! at run time: [`CandleOps`] (candle's own ops, as PyTorch would write
@@ -18,8 +20,8 @@ mod wavefuse_ops;
 pub mod weights;
 
 pub use block::{Block, Stage};
-pub use candle_ops::{CandleOps, partition, unpartition};
-pub use config::StageConfig;
+pub use candle_ops::{CandleOps, affine_layer_norm, partition, unpartition};
+pub use config::{BlockOrder, MaskAxes, StageConfig};
 pub use ops::{Affine, StageOps};
 pub use probe::Probe;
 pub use tables::Windowing;

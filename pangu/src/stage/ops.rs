@@ -125,4 +125,24 @@ pub trait StageOps {
     /// The last residual add, `x + d`; `x` is a residual the stage made
     /// (a build may update it in place and return it).
     fn add(&self, x: &Tensor, d: &Tensor) -> Result<Tensor>;
+
+    /// A post-norm block's entry: `windows(x)` with zero tokens in the
+    /// padding (no LayerNorm before the attention).
+    fn partition(&self, x: &Tensor, win: &Windowing) -> Result<Tensor>;
+
+    /// A post-norm block's attention exit: `x + LayerNorm(reverse(branch))
+    /// * gamma + beta`, the reverse being un-partition, roll back, crop.
+    /// `x` may be the stage's input: it is not updated.
+    fn unpartition_norm_add(
+        &self,
+        x: &Tensor,
+        branch: &Tensor,
+        norm1: &Affine,
+        win: &Windowing,
+    ) -> Result<Tensor>;
+
+    /// A post-norm block's MLP half: `x + LayerNorm(mlp(x)) * gamma + beta`
+    /// with the MLP's first Linear as trained. `x` is a residual the stage
+    /// made; it is not updated.
+    fn mlp_norm_add(&self, x: &Tensor, w: &BlockWeights) -> Result<Tensor>;
 }

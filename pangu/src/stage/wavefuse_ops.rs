@@ -219,4 +219,34 @@ impl StageOps for WavefuseOps {
         self.mark("add")?;
         Ok(x.clone())
     }
+
+    fn partition(&self, x: &Tensor, win: &Windowing) -> Result<Tensor> {
+        let t = win.wavefuse()?;
+        let h = wavefuse_candle::gather(x, &t.partition)?;
+        self.mark("partition")?;
+        Ok(h)
+    }
+
+    fn unpartition_norm_add(
+        &self,
+        x: &Tensor,
+        branch: &Tensor,
+        norm1: &Affine,
+        win: &Windowing,
+    ) -> Result<Tensor> {
+        let t = win.wavefuse()?;
+        let r =
+            wavefuse_candle::layer_norm_gather(branch, &t.reverse, Some(&norm1.packed), LN_EPS)?;
+        self.mark("unpartition_norm")?;
+        // `r` is fresh: the sum goes into it (f16 addition commutes, so
+        // the bits are those of `x + r`), and `x` is left as it was.
+        self.add(&r, x)
+    }
+
+    fn mlp_norm_add(&self, x: &Tensor, w: &BlockWeights) -> Result<Tensor> {
+        let m = self.mlp(x, w)?;
+        let r = wavefuse_candle::layer_norm(&m, Some(&w.norm2.packed), LN_EPS)?;
+        self.mark("norm")?;
+        self.add(&r, x)
+    }
 }
