@@ -10,13 +10,16 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod downsample;
 pub mod error;
 pub mod fields;
 pub mod forecast;
 pub mod memory;
 pub mod model;
+pub mod nn;
 pub mod seeded;
 pub mod stage;
+pub mod upsample;
 pub mod weights;
 
 pub use config::{BlockOrder, Geometry};

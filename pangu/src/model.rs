@@ -14,15 +14,17 @@
 //! GEMM: the patch embedding and recovery weights are loaded as `[out, in]`
 //! matrices.
 use crate::config::{BlockOrder, Geometry, LAYERS, SLABS};
+use crate::downsample::Downsample;
 use crate::error::{Error, Result};
-use crate::stage::config::{LN_EPS, SHIFT, WINDOW};
-use crate::stage::ops::{Affine, StageOps, matmul_t};
+use crate::nn::Lin;
+use crate::stage::config::{SHIFT, WINDOW};
+use crate::stage::ops::{Affine, StageOps};
 use crate::stage::tables::{Windowing, expand_earth_bias};
 use crate::stage::weights::{BlockWeights, Fc1, fold_layer_norm};
-use crate::stage::{CandleOps, WavefuseOps, affine_layer_norm};
+use crate::stage::{CandleOps, WavefuseOps};
+use crate::upsample::Upsample;
 use crate::weights::{TOKENS, Weights};
 use candle_core::{DType, Device, Tensor};
-use wavefuse_candle::Plan;
 use wavefuse_shared::window::{Grid3, Shift3};
 
 /// Which ops run the network.
@@ -78,13 +80,6 @@ impl Options {
     }
 }
 
-/// A Linear `x W^T + b` (`b` zeros where the layer has none).
-#[derive(Debug)]
-struct Lin {
-    w: Tensor,
-    b: Tensor,
-}
-
 #[derive(Debug)]
 struct Block {
     shifted: bool,
@@ -95,16 +90,9 @@ struct Block {
 #[derive(Debug)]
 struct Layer {
     dim: usize,
-    /// Unshifted and shifted windowing of the layer's grid.
-    win: [Windowing; 2],
+    /// The layer's scale: its windowings are `Pangu::windowings[scale]`.
+    scale: usize,
     blocks: Vec<Block>,
-}
-
-/// The wavefuse build's token maps between the scales.
-#[derive(Debug)]
-struct Maps {
-    merge: Plan,
-    split: Plan,
 }
 
 /// The network on one device.
@@ -124,58 +112,17 @@ pub struct Pangu {
     upper_constants: Tensor,
     embed_upper: Lin,
     embed_surface: Lin,
+    /// The unshifted and shifted windowings of the first and second
+    /// scale.
+    windowings: Vec<[Windowing; 2]>,
     layers: Vec<Layer>,
-    down_norm: Affine,
-    down: Lin,
-    up1: Lin,
-    up_norm: Affine,
-    up2: Lin,
+    down: Downsample,
+    up: Upsample,
     recover_upper: Lin,
     recover_surface: Lin,
-    maps: Option<Maps>,
     ops192: CandleOps,
     ops384: CandleOps,
     wf: WavefuseOps,
-}
-
-/// The 2 x 2 merge: coarse token `(z, i, j)` part `(dy, dx)` is fine token
-/// `(z, 2i + dy, 2j + dx)`, or zero past the fine grid's last latitude.
-pub fn merge_table(g: &Geometry) -> Vec<i32> {
-    let mut t = Vec::with_capacity(g.n2() * 4);
-    for z in 0..SLABS {
-        for i in 0..g.h2 {
-            for j in 0..g.w2 {
-                for dy in 0..2 {
-                    for dx in 0..2 {
-                        let (y, x) = (2 * i + dy, 2 * j + dx);
-                        // Below the grid sizes Geometry::new admits.
-                        t.push(if y < g.h1 {
-                            ((z * g.h1 + y) * g.w1 + x) as i32
-                        } else {
-                            -1
-                        });
-                    }
-                }
-            }
-        }
-    }
-    t
-}
-
-/// The 2 x 2 split and crop: fine token `(z, y, x)` is part
-/// `(y % 2, x % 2)` of coarse token `(z, y / 2, x / 2)`, each coarse token
-/// stored as 4 parts.
-pub fn split_table(g: &Geometry) -> Vec<i32> {
-    let mut t = Vec::with_capacity(g.n1());
-    for z in 0..SLABS {
-        for y in 0..g.h1 {
-            for x in 0..g.w1 {
-                let coarse = (z * g.h2 + y / 2) * g.w2 + x / 2;
-                t.push((coarse * 4 + (y % 2) * 2 + x % 2) as i32);
-            }
-        }
-    }
-    t
 }
 
 impl Pangu {
@@ -226,27 +173,23 @@ impl Pangu {
                 act(w.get(&format!("{name}.bias"))?)?,
             )?)
         };
-        let mut layers = Vec::with_capacity(LAYERS.len());
-        for (l, &(n_blocks, dim)) in LAYERS.iter().enumerate() {
-            let grid = if dim == 192 {
-                Grid3 {
-                    z: SLABS,
-                    h: g.h1,
-                    w: g.w1,
-                }
-            } else {
-                Grid3 {
-                    z: SLABS,
-                    h: g.h2,
-                    w: g.w2,
-                }
-            };
-            let none = Shift3 { z: 0, h: 0, w: 0 };
-            let shift = if opts.faults.no_shift { none } else { SHIFT };
-            let win = [
+        // One windowing per (grid, shift): the two scales' unshifted and
+        // shifted tables, shared by every block that runs on them (16
+        // blocks, 4 windowings).
+        let none = Shift3 { z: 0, h: 0, w: 0 };
+        let shift = if opts.faults.no_shift { none } else { SHIFT };
+        let mut windowings = Vec::with_capacity(2);
+        for (h, w) in [(g.h1, g.w1), (g.h2, g.w2)] {
+            let grid = Grid3 { z: SLABS, h, w };
+            windowings.push([
                 Windowing::earth(grid, WINDOW, none, device, dtype)?,
                 Windowing::earth(grid, WINDOW, shift, device, dtype)?,
-            ];
+            ]);
+        }
+        let mut layers = Vec::with_capacity(LAYERS.len());
+        for (l, &(n_blocks, dim)) in LAYERS.iter().enumerate() {
+            let scale = usize::from(dim != 192);
+            let win = &windowings[scale];
             let mut blocks = Vec::with_capacity(n_blocks);
             for j in 0..n_blocks {
                 let p = format!("layers.{l}.blocks.{j}");
@@ -257,15 +200,23 @@ impl Pangu {
                     w: block_weights(w, &p, dim, &win[usize::from(shifted)], device, dtype)?,
                 });
             }
-            layers.push(Layer { dim, win, blocks });
+            layers.push(Layer { dim, scale, blocks });
         }
-        let maps = match opts.build {
-            Build::Wavefuse => Some(Maps {
-                merge: Plan::new(&merge_table(&g), g.n1(), device)?,
-                split: Plan::new(&split_table(&g), g.n2() * 4, device)?,
-            }),
-            Build::Candle => None,
-        };
+        let down = Downsample::new(
+            g,
+            opts.build,
+            affine("downsample.norm")?,
+            act(w.get("downsample.reduction.weight")?)?,
+            device,
+        )?;
+        let up = Upsample::new(
+            g,
+            opts.build,
+            act(w.get("upsample.linear1.weight")?)?,
+            affine("upsample.norm")?,
+            act(w.get("upsample.linear2.weight")?)?,
+            device,
+        )?;
         Ok(Pangu {
             geom: g,
             order: w.meta.order,
@@ -279,15 +230,12 @@ impl Pangu {
             upper_constants: fld(&w.get("upper_constants")?.unsqueeze(0)?)?,
             embed_upper: lin("patch_embed.conv", 192, 192, true, false)?,
             embed_surface: lin("patch_embed.conv_surface", 192, 112, true, false)?,
+            windowings,
             layers,
-            down_norm: affine("downsample.norm")?,
-            down: lin("downsample.reduction", 384, 768, false, false)?,
-            up1: lin("upsample.linear1", 768, 384, false, false)?,
-            up_norm: affine("upsample.norm")?,
-            up2: lin("upsample.linear2", 192, 192, false, false)?,
+            down,
+            up,
             recover_upper: lin("patch_recovery.conv", 160, 384, true, true)?,
             recover_surface: lin("patch_recovery.conv_surface", 64, 384, true, true)?,
-            maps,
             ops192: CandleOps::new(192, dtype, device)?,
             ops384: CandleOps::new(384, dtype, device)?,
             wf: WavefuseOps::new(),
@@ -338,17 +286,7 @@ impl Pangu {
     }
 
     fn linear(&self, x: &Tensor, l: &Lin) -> Result<Tensor> {
-        Ok(match self.opts.build {
-            Build::Candle => matmul_t(x, &l.w)?.broadcast_add(&l.b)?,
-            Build::Wavefuse => wavefuse_candle::linear(x, &l.w, &l.b)?,
-        })
-    }
-
-    fn layer_norm(&self, x: &Tensor, a: &Affine) -> Result<Tensor> {
-        Ok(match self.opts.build {
-            Build::Candle => affine_layer_norm(x, a)?,
-            Build::Wavefuse => wavefuse_candle::layer_norm(x, Some(&a.packed), LN_EPS)?,
-        })
+        l.forward(self.opts.build, x)
     }
 
     fn check_fields(&self, upper: &Tensor, surface: &Tensor) -> Result<()> {
@@ -416,7 +354,7 @@ impl Pangu {
     }
 
     fn block(&self, layer: &Layer, b: &Block, x: &Tensor) -> Result<Tensor> {
-        let win = &layer.win[usize::from(b.shifted)];
+        let win = &self.windowings[layer.scale][usize::from(b.shifted)];
         let ops = self.ops(layer.dim);
         let w = &b.w;
         match self.order {
@@ -456,54 +394,6 @@ impl Pangu {
             x = self.block(layer, b, &x)?;
         }
         Ok(x)
-    }
-
-    fn downsample(&self, x: &Tensor) -> Result<Tensor> {
-        let g = &self.geom;
-        let m = match &self.maps {
-            Some(maps) => wavefuse_candle::gather(x, &maps.merge)?.reshape((g.n2(), 768))?,
-            None => x
-                .reshape((SLABS, g.h1, g.w1, 192))?
-                .pad_with_zeros(1, 0, 2 * g.h2 - g.h1)?
-                .reshape((SLABS, g.h2, 2, g.w2, 2 * 192))?
-                .permute((0, 1, 3, 2, 4))?
-                .contiguous()?
-                .reshape((g.n2(), 768))?,
-        };
-        self.mark("merge")?;
-        let m = self.layer_norm(&m, &self.down_norm)?;
-        self.mark("merge_norm")?;
-        let y = self.linear(&m, &self.down)?;
-        self.mark("merge_gemm")?;
-        Ok(y)
-    }
-
-    fn upsample(&self, x: &Tensor) -> Result<Tensor> {
-        let g = &self.geom;
-        let y = self.linear(x, &self.up1)?;
-        self.mark("split_gemm")?;
-        let y = match &self.maps {
-            Some(maps) => wavefuse_candle::layer_norm_gather(
-                &y.reshape((g.n2() * 4, 192))?,
-                &maps.split,
-                Some(&self.up_norm.packed),
-                LN_EPS,
-            )?,
-            None => {
-                let y = y
-                    .reshape((SLABS, g.h2, g.w2, 2, 2 * 192))?
-                    .permute((0, 1, 3, 2, 4))?
-                    .reshape((SLABS, 2 * g.h2, g.w1, 192))?
-                    .narrow(1, 0, g.h1)?
-                    .contiguous()?
-                    .reshape((g.n1(), 192))?;
-                self.layer_norm(&y, &self.up_norm)?
-            }
-        };
-        self.mark("split_norm")?;
-        let y = self.linear(&y, &self.up2)?;
-        self.mark("split_gemm")?;
-        Ok(y)
     }
 
     /// Tokens `[8 h1 w1, 384]` -> normalised fields.
@@ -549,10 +439,10 @@ impl Pangu {
         self.check_fields(upper, surface)?;
         let x = self.embed(upper, surface)?;
         let x0 = self.layer(0, x)?;
-        let x = self.downsample(&x0)?;
+        let x = self.down.forward(&x0, &self.wf)?;
         let x = self.layer(1, x)?;
         let x = self.layer(2, x)?;
-        let x = self.upsample(&x)?;
+        let x = self.up.forward(&x, &self.wf)?;
         let x3 = self.layer(3, x)?;
         let skip = if self.opts.faults.swap_skip {
             Tensor::cat(&[&x3, &x0], 1)?
@@ -630,28 +520,4 @@ fn block_weights(
             zero: Tensor::zeros(4 * c, dtype, device)?,
         },
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn merge_and_split_are_inverse_on_the_grid() {
-        let g = Geometry::new(25, 96).unwrap();
-        let m = merge_table(&g);
-        let s = split_table(&g);
-        // Every fine token is merged once; the split reads it back from
-        // where the merge put it.
-        let mut seen = vec![0; g.n1()];
-        for &v in m.iter().filter(|&&v| v >= 0) {
-            seen[v as usize] += 1;
-        }
-        assert!(seen.iter().all(|&c| c == 1));
-        for (fine, &slot) in s.iter().enumerate() {
-            assert_eq!(m[slot as usize], fine as i32);
-        }
-        // h1 = 7 is odd: the last coarse row's second half is padding.
-        assert_eq!(m.iter().filter(|&&v| v < 0).count(), 8 * g.w2 * 2);
-    }
 }
