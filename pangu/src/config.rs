@@ -13,8 +13,54 @@ pub const UPPER_VARS: [&str; 5] = ["Z", "Q", "T", "U", "V"];
 /// Surface variables in file order.
 pub const SURFACE_VARS: [&str; 4] = ["MSLP", "U10", "V10", "T2M"];
 
-/// Blocks and channels of the four layers.
-pub const LAYERS: [(usize, usize); 4] = [(2, 192), (6, 384), (6, 384), (2, 192)];
+/// Channels of the four layers (first scale, second, second, first).
+pub const DIMS: [usize; 4] = [192, 384, 384, 192];
+
+/// Blocks of the four layers. Block `j` of a layer is shifted when `j` is
+/// odd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Depths(pub [usize; 4]);
+
+impl Depths {
+    /// The released model's 2, 6, 6, 2.
+    pub const RELEASED: Depths = Depths([2, 6, 6, 2]);
+
+    /// Parses four comma-separated block counts of at least 1, e.g.
+    /// `2,6,6,2`.
+    pub fn parse(s: &str) -> Result<Depths> {
+        let bad = || {
+            Error::invalid(
+                "depths",
+                format!("`{s}`: expected four block counts of at least 1, e.g. 2,6,6,2"),
+            )
+        };
+        let v: Vec<usize> = s
+            .split(',')
+            .map(|p| p.trim().parse::<usize>().ok().filter(|&d| d >= 1))
+            .collect::<Option<_>>()
+            .ok_or_else(bad)?;
+        let d: [usize; 4] = v.try_into().map_err(|_| bad())?;
+        Ok(Depths(d))
+    }
+
+    /// `(blocks, channels)` of each layer.
+    pub fn layers(self) -> [(usize, usize); 4] {
+        let [a, b, c, d] = self.0;
+        [(a, DIMS[0]), (b, DIMS[1]), (c, DIMS[2]), (d, DIMS[3])]
+    }
+
+    /// `2,6,6,2` (the metadata's form).
+    pub fn name(self) -> String {
+        let [a, b, c, d] = self.0;
+        format!("{a},{b},{c},{d}")
+    }
+}
+
+impl Default for Depths {
+    fn default() -> Depths {
+        Depths::RELEASED
+    }
+}
 
 /// Token slabs: the surface, then 7 upper-air slabs of two levels.
 pub const SLABS: usize = 8;

@@ -4,9 +4,10 @@
 //! yet), npy fields in the official layout, and the forecast rollout.
 //!
 //! The network is described once in `MODEL.md` (graph, tensor names,
-//! seeded generator); [`model::Pangu`] builds it, [`forecast`] runs it.
-//! [`stage`] is the two-block pre-norm stage the kernels were first
-//! measured on.
+//! seeded generator); [`model::Pangu`] builds it (embedding, the
+//! [`trunk::Trunk`] of layers with [`downsample`] and [`upsample`], patch
+//! recovery), [`forecast`] runs it. [`stage`] holds the block in either
+//! order, and the two-block stage the kernels were first measured on.
 #![deny(missing_docs)]
 
 pub mod config;
@@ -19,6 +20,7 @@ pub mod model;
 pub mod nn;
 pub mod seeded;
 pub mod stage;
+pub mod trunk;
 pub mod upsample;
 pub mod weights;
 

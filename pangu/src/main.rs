@@ -9,7 +9,7 @@
 use candle_core::{DType, Device, Tensor};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use pangu::config::{BlockOrder, Geometry};
+use pangu::config::{BlockOrder, Depths, Geometry};
 use pangu::error::{Error, Result};
 use pangu::fields::{self, Field, Kind};
 use pangu::forecast;
@@ -64,6 +64,10 @@ enum Cmd {
         /// The model's interval, hours.
         #[arg(long, default_value_t = 24)]
         interval: u32,
+        /// Blocks per layer (the released model's 2,6,6,2; fewer for
+        /// quick checks).
+        #[arg(long, default_value = "2,6,6,2")]
+        depths: String,
         /// Also write input_upper.npy and input_surface.npy here.
         #[arg(long)]
         inputs: Option<PathBuf>,
@@ -134,8 +138,18 @@ fn main() {
             order,
             seed,
             interval,
+            depths,
             inputs,
-        } => init(&out, lat, lon, &order, seed, interval, inputs.as_deref()),
+        } => init(
+            &out,
+            lat,
+            lon,
+            &order,
+            seed,
+            interval,
+            &depths,
+            inputs.as_deref(),
+        ),
         Cmd::Forecast {
             weights,
             upper,
@@ -181,6 +195,7 @@ fn main() {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn init(
     out: &Path,
     lat: usize,
@@ -188,16 +203,19 @@ fn init(
     order: &str,
     seed: u64,
     interval: u32,
+    depths: &str,
     inputs: Option<&Path>,
 ) -> Result<()> {
     let g = Geometry::new(lat, lon)?;
     let order = BlockOrder::parse(order)?;
+    let depths = Depths::parse(depths)?;
     let t = Instant::now();
-    let tensors = weights::seeded_tensors(&g, seed);
+    let tensors = weights::seeded_tensors(&g, depths, seed);
     let meta = Meta {
         order,
         interval_hours: Some(interval),
         grid: Some((lat, lon)),
+        depths,
     };
     weights::write_file(out, &tensors, &meta)?;
     let n: usize = tensors.iter().map(|(_, _, v)| v.len()).sum();

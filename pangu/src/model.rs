@@ -13,19 +13,14 @@
 //! Convolutions whose kernel equals their stride are a token layout plus a
 //! GEMM: the patch embedding and recovery weights are loaded as `[out, in]`
 //! matrices.
-use crate::config::{BlockOrder, Geometry, LAYERS, SLABS};
-use crate::downsample::Downsample;
+use crate::config::{BlockOrder, Geometry};
 use crate::error::{Error, Result};
 use crate::nn::Lin;
-use crate::stage::config::{SHIFT, WINDOW};
-use crate::stage::ops::{Affine, StageOps};
-use crate::stage::tables::{Windowing, expand_earth_bias};
-use crate::stage::weights::{BlockWeights, Fc1, fold_layer_norm};
-use crate::stage::{CandleOps, WavefuseOps};
-use crate::upsample::Upsample;
-use crate::weights::{TOKENS, Weights};
+use crate::stage::WavefuseOps;
+use crate::stage::ops::StageOps;
+use crate::trunk::Trunk;
+use crate::weights::Weights;
 use candle_core::{DType, Device, Tensor};
-use wavefuse_shared::window::{Grid3, Shift3};
 
 /// Which ops run the network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,21 +75,6 @@ impl Options {
     }
 }
 
-#[derive(Debug)]
-struct Block {
-    shifted: bool,
-    heads: usize,
-    w: BlockWeights,
-}
-
-#[derive(Debug)]
-struct Layer {
-    dim: usize,
-    /// The layer's scale: its windowings are `Pangu::windowings[scale]`.
-    scale: usize,
-    blocks: Vec<Block>,
-}
-
 /// The network on one device.
 #[derive(Debug)]
 pub struct Pangu {
@@ -112,16 +92,9 @@ pub struct Pangu {
     upper_constants: Tensor,
     embed_upper: Lin,
     embed_surface: Lin,
-    /// The unshifted and shifted windowings of the first and second
-    /// scale.
-    windowings: Vec<[Windowing; 2]>,
-    layers: Vec<Layer>,
-    down: Downsample,
-    up: Upsample,
+    trunk: Trunk,
     recover_upper: Lin,
     recover_surface: Lin,
-    ops192: CandleOps,
-    ops384: CandleOps,
     wf: WavefuseOps,
 }
 
@@ -167,56 +140,6 @@ impl Pangu {
                 };
                 Ok(Lin { w: act(&m)?, b })
             };
-        let affine = |name: &str| -> Result<Affine> {
-            Ok(Affine::new(
-                act(w.get(&format!("{name}.weight"))?)?,
-                act(w.get(&format!("{name}.bias"))?)?,
-            )?)
-        };
-        // One windowing per (grid, shift): the two scales' unshifted and
-        // shifted tables, shared by every block that runs on them (16
-        // blocks, 4 windowings).
-        let none = Shift3 { z: 0, h: 0, w: 0 };
-        let shift = if opts.faults.no_shift { none } else { SHIFT };
-        let mut windowings = Vec::with_capacity(2);
-        for (h, w) in [(g.h1, g.w1), (g.h2, g.w2)] {
-            let grid = Grid3 { z: SLABS, h, w };
-            windowings.push([
-                Windowing::earth(grid, WINDOW, none, device, dtype)?,
-                Windowing::earth(grid, WINDOW, shift, device, dtype)?,
-            ]);
-        }
-        let mut layers = Vec::with_capacity(LAYERS.len());
-        for (l, &(n_blocks, dim)) in LAYERS.iter().enumerate() {
-            let scale = usize::from(dim != 192);
-            let win = &windowings[scale];
-            let mut blocks = Vec::with_capacity(n_blocks);
-            for j in 0..n_blocks {
-                let p = format!("layers.{l}.blocks.{j}");
-                let shifted = j % 2 == 1;
-                blocks.push(Block {
-                    shifted,
-                    heads: dim / 32,
-                    w: block_weights(w, &p, dim, &win[usize::from(shifted)], device, dtype)?,
-                });
-            }
-            layers.push(Layer { dim, scale, blocks });
-        }
-        let down = Downsample::new(
-            g,
-            opts.build,
-            affine("downsample.norm")?,
-            act(w.get("downsample.reduction.weight")?)?,
-            device,
-        )?;
-        let up = Upsample::new(
-            g,
-            opts.build,
-            act(w.get("upsample.linear1.weight")?)?,
-            affine("upsample.norm")?,
-            act(w.get("upsample.linear2.weight")?)?,
-            device,
-        )?;
         Ok(Pangu {
             geom: g,
             order: w.meta.order,
@@ -230,14 +153,9 @@ impl Pangu {
             upper_constants: fld(&w.get("upper_constants")?.unsqueeze(0)?)?,
             embed_upper: lin("patch_embed.conv", 192, 192, true, false)?,
             embed_surface: lin("patch_embed.conv_surface", 192, 112, true, false)?,
-            windowings,
-            layers,
-            down,
-            up,
+            trunk: Trunk::load(w, g, device, opts)?,
             recover_upper: lin("patch_recovery.conv", 160, 384, true, true)?,
             recover_surface: lin("patch_recovery.conv_surface", 64, 384, true, true)?,
-            ops192: CandleOps::new(192, dtype, device)?,
-            ops384: CandleOps::new(384, dtype, device)?,
             wf: WavefuseOps::new(),
         })
     }
@@ -275,14 +193,6 @@ impl Pangu {
 
     fn mark(&self, step: &'static str) -> Result<()> {
         Ok(self.wf.mark(step)?)
-    }
-
-    fn ops(&self, dim: usize) -> &dyn StageOps {
-        match (self.opts.build, dim) {
-            (Build::Wavefuse, _) => &self.wf,
-            (Build::Candle, 192) => &self.ops192,
-            (Build::Candle, _) => &self.ops384,
-        }
     }
 
     fn linear(&self, x: &Tensor, l: &Lin) -> Result<Tensor> {
@@ -353,49 +263,6 @@ impl Pangu {
         Ok(x)
     }
 
-    fn block(&self, layer: &Layer, b: &Block, x: &Tensor) -> Result<Tensor> {
-        let win = &self.windowings[layer.scale][usize::from(b.shifted)];
-        let ops = self.ops(layer.dim);
-        let w = &b.w;
-        match self.order {
-            BlockOrder::Post => {
-                let h = ops.partition(x, win)?;
-                let a = self.attention(ops, &h, b, win)?;
-                let x = ops.unpartition_norm_add(x, &a, &w.norm1, win)?;
-                Ok(ops.mlp_norm_add(&x, w)?)
-            }
-            BlockOrder::Pre => {
-                let h = ops.norm_partition(x, &w.norm1, win)?;
-                let a = self.attention(ops, &h, b, win)?;
-                let (x, h) = ops.unpartition_add_norm(x, &a, &w.norm2, win)?;
-                let m = ops.mlp(&h, w)?;
-                Ok(ops.add(&x, &m)?)
-            }
-        }
-    }
-
-    fn attention(
-        &self,
-        ops: &dyn StageOps,
-        h: &Tensor,
-        b: &Block,
-        win: &Windowing,
-    ) -> Result<Tensor> {
-        let (qkv, bias) = ops.qkv(h, &b.w)?;
-        ops.mark("qkv_gemm")?;
-        let o = ops.attention(&qkv, bias, &b.w.earth_bias, b.heads, win)?;
-        Ok(ops.proj(&o, &b.w, win)?)
-    }
-
-    fn layer(&self, l: usize, x: Tensor) -> Result<Tensor> {
-        let layer = &self.layers[l];
-        let mut x = x;
-        for b in &layer.blocks {
-            x = self.block(layer, b, &x)?;
-        }
-        Ok(x)
-    }
-
     /// Tokens `[8 h1 w1, 384]` -> normalised fields.
     fn recover(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         let g = &self.geom;
@@ -438,18 +305,7 @@ impl Pangu {
     pub fn forward(&self, upper: &Tensor, surface: &Tensor) -> Result<(Tensor, Tensor)> {
         self.check_fields(upper, surface)?;
         let x = self.embed(upper, surface)?;
-        let x0 = self.layer(0, x)?;
-        let x = self.down.forward(&x0, &self.wf)?;
-        let x = self.layer(1, x)?;
-        let x = self.layer(2, x)?;
-        let x = self.up.forward(&x, &self.wf)?;
-        let x3 = self.layer(3, x)?;
-        let skip = if self.opts.faults.swap_skip {
-            Tensor::cat(&[&x3, &x0], 1)?
-        } else {
-            Tensor::cat(&[&x0, &x3], 1)?
-        };
-        self.mark("skip_concat")?;
+        let skip = self.trunk.forward(&x, &self.wf)?;
         self.recover(&skip)
     }
 }
@@ -460,64 +316,4 @@ fn field_dtype(dtype: DType) -> DType {
     } else {
         DType::F32
     }
-}
-
-/// One block's parameters in the stage's layout: the earth bias expanded
-/// to `[types, heads, 144, 144]`, norm2 kept (and folded into fc1 for the
-/// candle pre-norm build).
-fn block_weights(
-    w: &Weights,
-    p: &str,
-    c: usize,
-    win: &Windowing,
-    device: &Device,
-    dtype: DType,
-) -> Result<BlockWeights> {
-    let get = |s: &str| w.get(&format!("{p}.{s}"));
-    let dev = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(dtype)?.to_device(device)?) };
-    let heads = c / 32;
-    let table = get("attn.earth_specific_bias")?;
-    let bias = match table.rank() {
-        3 => expand_earth_bias(table, WINDOW)?,
-        5 => table.squeeze(0)?,
-        _ => table.clone(),
-    };
-    let want = [win.n_types(), heads, TOKENS, TOKENS];
-    if bias.dims() != want {
-        return Err(Error::Shape {
-            what: format!("{}: `{p}.attn.earth_specific_bias`", w.file),
-            got: table.dims().to_vec(),
-            want: format!("{want:?} once expanded"),
-        });
-    }
-    let (fc1_w, fc1_b) = fold_layer_norm(
-        get("norm2.weight")?,
-        get("norm2.bias")?,
-        get("mlp.fc1.weight")?,
-        get("mlp.fc1.bias")?,
-    )?;
-    let affine = |n: &str| -> Result<Affine> {
-        Ok(Affine::new(
-            dev(get(&format!("{n}.weight"))?)?,
-            dev(get(&format!("{n}.bias"))?)?,
-        )?)
-    };
-    Ok(BlockWeights {
-        norm1: affine("norm1")?,
-        qkv_w: dev(get("attn.qkv.weight")?)?,
-        qkv_b: dev(get("attn.qkv.bias")?)?,
-        earth_bias: dev(&bias.contiguous()?)?,
-        proj_w: dev(get("attn.proj.weight")?)?,
-        proj_b: dev(get("attn.proj.bias")?)?,
-        norm2: affine("norm2")?,
-        fc1_w: dev(&fc1_w)?,
-        fc1_b: dev(&fc1_b)?,
-        fc2_w: dev(get("mlp.fc2.weight")?)?,
-        fc2_b: dev(get("mlp.fc2.bias")?)?,
-        fc1: Fc1 {
-            w: dev(get("mlp.fc1.weight")?)?,
-            b: dev(get("mlp.fc1.bias")?)?,
-            zero: Tensor::zeros(4 * c, dtype, device)?,
-        },
-    })
 }

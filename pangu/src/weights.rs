@@ -1,7 +1,7 @@
 //! The weight file (`MODEL.md`): the names and shapes the network needs,
 //! reading and checking a safetensors file before anything is built, and
 //! the seeded weights shared with the PyTorch reference.
-use crate::config::{BlockOrder, Geometry, LAYERS, LEVELS};
+use crate::config::{BlockOrder, Depths, Geometry, LEVELS};
 use crate::error::{Error, Result};
 use crate::seeded;
 use crate::stage::tables::bias_table_rows;
@@ -46,8 +46,9 @@ pub fn window_types(h: usize) -> usize {
     4 * h.div_ceil(WINDOW.h)
 }
 
-/// Every tensor of the weight file for `g`, in `state_dict` order.
-pub fn entries(g: &Geometry) -> Vec<Entry> {
+/// Every tensor of the weight file for `g` and `depths`, in `state_dict`
+/// order.
+pub fn entries(g: &Geometry, depths: Depths) -> Vec<Entry> {
     let mut v = Vec::new();
     let mut push =
         |name: String, shape: Vec<usize>, init: Init| v.push(Entry { name, shape, init });
@@ -84,7 +85,7 @@ pub fn entries(g: &Geometry) -> Vec<Entry> {
         lin(112),
     );
     push("patch_embed.conv_surface.bias".into(), vec![192], bias);
-    for (l, &(blocks, c)) in LAYERS.iter().enumerate() {
+    for (l, &(blocks, c)) in depths.layers().iter().enumerate() {
         let h = if c == 192 { g.h1 } else { g.h2 };
         let (types, heads) = (window_types(h), c / 32);
         for j in 0..blocks {
@@ -214,6 +215,9 @@ pub struct Meta {
     pub interval_hours: Option<u32>,
     /// The grid (`lat`, `lon`), if recorded.
     pub grid: Option<(usize, usize)>,
+    /// Blocks per layer (`depths`, e.g. `2,6,6,2`; the released model's
+    /// when absent).
+    pub depths: Depths,
 }
 
 impl Meta {
@@ -222,6 +226,7 @@ impl Meta {
         let mut m = HashMap::new();
         m.insert("format".into(), "pangu-weather".into());
         m.insert("block_order".into(), self.order.name().into());
+        m.insert("depths".into(), self.depths.name());
         if let Some(h) = self.interval_hours {
             m.insert("interval_hours".into(), h.to_string());
         }
@@ -275,9 +280,13 @@ pub fn write_file(
     std::fs::rename(&tmp, path).map_err(Error::io(path))
 }
 
-/// The seeded weight file's tensors for `g`.
-pub fn seeded_tensors(g: &Geometry, seed: u64) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    entries(g)
+/// The seeded weight file's tensors for `g` and `depths`.
+pub fn seeded_tensors(
+    g: &Geometry,
+    depths: Depths,
+    seed: u64,
+) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    entries(g, depths)
         .into_iter()
         .map(|e| {
             let v = seeded_values(&e, seed);
@@ -307,6 +316,7 @@ fn parse_meta(file: &str, m: Option<&HashMap<String, String>>) -> Result<Meta> {
             order: BlockOrder::Post,
             interval_hours: None,
             grid: None,
+            depths: Depths::RELEASED,
         });
     };
     if let Some(f) = m.get("format")
@@ -333,10 +343,15 @@ fn parse_meta(file: &str, m: Option<&HashMap<String, String>>) -> Result<Meta> {
         (Some(a), Some(b)) => Some((a, b)),
         _ => None,
     };
+    let depths = match m.get("depths") {
+        Some(s) => Depths::parse(s).map_err(|e| bad(format!("metadata: {e}")))?,
+        None => Depths::RELEASED,
+    };
     Ok(Meta {
         order,
         interval_hours,
         grid,
+        depths,
     })
 }
 
@@ -368,7 +383,7 @@ impl Weights {
                 ),
             });
         }
-        let want = entries(g);
+        let want = entries(g, meta.depths);
         let known: HashMap<&str, &Entry> = want.iter().map(|e| (e.name.as_str(), e)).collect();
         let mut unknown = Vec::new();
         for (name, view) in st.tensors() {
@@ -472,7 +487,7 @@ mod tests {
     fn official_grid_parameter_count() {
         let g = Geometry::new(721, 1440).unwrap();
         assert_eq!((g.h1, g.w1, g.h2, g.w2), (181, 360, 91, 180));
-        let e = entries(&g);
+        let e = entries(&g, Depths::RELEASED);
         let bias: Vec<&Entry> = e
             .iter()
             .filter(|e| e.name.ends_with("earth_specific_bias"))

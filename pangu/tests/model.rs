@@ -6,7 +6,7 @@
 //! concatenated the wrong way round, odd blocks unshifted) must fail the
 //! same comparison.
 use candle_core::{DType, Device, Tensor};
-use pangu::config::{BlockOrder, Geometry};
+use pangu::config::{BlockOrder, Depths, Geometry};
 use pangu::fields::{self, Kind};
 use pangu::model::{Build, Faults, Options, Pangu};
 use pangu::weights::{self, Meta, Weights};
@@ -31,8 +31,14 @@ fn weights(order: BlockOrder) -> Weights {
         order,
         interval_hours: Some(24),
         grid: Some((LAT, LON)),
+        depths: Depths::RELEASED,
     };
-    weights::write_file(&path, &weights::seeded_tensors(&g, SEED), &meta).unwrap();
+    weights::write_file(
+        &path,
+        &weights::seeded_tensors(&g, Depths::RELEASED, SEED),
+        &meta,
+    )
+    .unwrap();
     let w = Weights::read(&path, &g).unwrap();
     let _ = std::fs::remove_file(&path);
     w

@@ -229,6 +229,76 @@ pub fn stage(cfg: &StageConfig, t: &HashMap<String, Tensor>, blocks: usize) -> V
     x
 }
 
+/// `W x` with `W` `[out, in]`, no bias.
+fn matvec(w: &[f64], x: &[f64]) -> Vec<f64> {
+    w.chunks(x.len())
+        .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
+}
+
+/// A token grid of 8 slabs: `(h1, w1)` at the first scale, `(h2, w2)` at
+/// the second (`h2 = ceil(h1 / 2)`, `w2 = w1 / 2`).
+#[derive(Clone, Copy, Debug)]
+pub struct Scales {
+    pub h1: usize,
+    pub w1: usize,
+    pub h2: usize,
+    pub w2: usize,
+}
+
+/// The downsample from its definition: coarse token `(z, i, j)` is the
+/// concatenation, in order `(dy, dx)` = (0,0), (0,1), (1,0), (1,1), of fine
+/// tokens `(z, 2i + dy, 2j + dx)` (zeros past the last latitude), then
+/// LayerNorm(768) with `gamma`, `beta`, then `W` `[384, 768]`.
+pub fn downsample(x: &[f64], s: Scales, gamma: &[f64], beta: &[f64], w: &[f64]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(8 * s.h2 * s.w2 * 384);
+    for z in 0..8 {
+        for i in 0..s.h2 {
+            for j in 0..s.w2 {
+                let mut v = vec![0.0; 768];
+                for dy in 0..2 {
+                    for dx in 0..2 {
+                        let (y, xx) = (2 * i + dy, 2 * j + dx);
+                        if y < s.h1 {
+                            let t = (z * s.h1 + y) * s.w1 + xx;
+                            v[(2 * dy + dx) * 192..][..192]
+                                .copy_from_slice(&x[t * 192..(t + 1) * 192]);
+                        }
+                    }
+                }
+                out.extend(matvec(w, &layer_norm(&v, gamma, beta)));
+            }
+        }
+    }
+    out
+}
+
+/// The upsample from its definition: `W1` `[768, 384]` per coarse token;
+/// fine token `(z, y, x)` is channels `((y % 2) * 2 + x % 2) * 192 ..` of
+/// coarse token `(z, y / 2, x / 2)` for `y < h1` (the crop), then
+/// LayerNorm(192) with `gamma`, `beta`, then `W2` `[192, 192]`.
+pub fn upsample(
+    x: &[f64],
+    s: Scales,
+    w1: &[f64],
+    gamma: &[f64],
+    beta: &[f64],
+    w2: &[f64],
+) -> Vec<f64> {
+    let coarse: Vec<Vec<f64>> = x.chunks(384).map(|t| matvec(w1, t)).collect();
+    let mut out = Vec::with_capacity(8 * s.h1 * s.w1 * 192);
+    for z in 0..8 {
+        for y in 0..s.h1 {
+            for xx in 0..s.w1 {
+                let t = &coarse[(z * s.h2 + y / 2) * s.w2 + xx / 2];
+                let part = &t[((y % 2) * 2 + xx % 2) * 192..][..192];
+                out.extend(matvec(w2, &layer_norm(part, gamma, beta)));
+            }
+        }
+    }
+    out
+}
+
 /// Max and RMS of `got - want`.
 pub fn errors(got: &[f64], want: &[f64]) -> (f64, f64) {
     assert_eq!(got.len(), want.len());

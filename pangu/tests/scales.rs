@@ -4,6 +4,8 @@
 //! a grid whose first scale has an odd latitude count (25 x 96: h1 = 7, so
 //! the merge reads one row of padding and the split drops one row), and
 //! the merge and split gathers as inverse token moves.
+mod oracle;
+
 use candle_core::{DType, Device, Tensor};
 use pangu::config::Geometry;
 use pangu::downsample::{Downsample, merge_table};
@@ -50,36 +52,6 @@ fn to64(x: &Tensor) -> Vec<f64> {
         .unwrap()
 }
 
-fn ln(x: &[f64], g: &[f64], b: &[f64]) -> Vec<f64> {
-    let n = x.len() as f64;
-    let mean = x.iter().sum::<f64>() / n;
-    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
-    let r = 1.0 / (var + 1e-5).sqrt();
-    x.iter()
-        .zip(g.iter().zip(b))
-        .map(|(v, (g, b))| (v - mean) * r * g + b)
-        .collect()
-}
-
-/// `W x`, `W` `[out, in]`.
-fn matvec(w: &[f64], x: &[f64]) -> Vec<f64> {
-    w.chunks(x.len())
-        .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
-        .collect()
-}
-
-fn errors(got: &[f64], want: &[f64]) -> (f64, f64) {
-    assert_eq!(got.len(), want.len());
-    let mut max = 0.0f64;
-    let mut sq = 0.0;
-    for (g, w) in got.iter().zip(want) {
-        let d = (g - w).abs();
-        max = max.max(if d.is_nan() { f64::INFINITY } else { d });
-        sq += d * d;
-    }
-    (max, (sq / got.len() as f64).sqrt())
-}
-
 struct Down {
     x: Vec<f64>,
     gamma: Vec<f64>,
@@ -97,27 +69,17 @@ fn down_case(seed: u64, g: &Geometry) -> Down {
     }
 }
 
-fn down_oracle(c: &Down, g: &Geometry) -> Vec<f64> {
-    let mut out = Vec::with_capacity(g.n2() * 384);
-    for z in 0..8 {
-        for i in 0..g.h2 {
-            for j in 0..g.w2 {
-                let mut v = vec![0.0; 768];
-                for dy in 0..2 {
-                    for dx in 0..2 {
-                        let (y, x) = (2 * i + dy, 2 * j + dx);
-                        if y < g.h1 {
-                            let t = (z * g.h1 + y) * g.w1 + x;
-                            v[(2 * dy + dx) * 192..][..192]
-                                .copy_from_slice(&c.x[t * 192..(t + 1) * 192]);
-                        }
-                    }
-                }
-                out.extend(matvec(&c.w, &ln(&v, &c.gamma, &c.beta)));
-            }
-        }
+fn scales(g: &Geometry) -> oracle::Scales {
+    oracle::Scales {
+        h1: g.h1,
+        w1: g.w1,
+        h2: g.h2,
+        w2: g.w2,
     }
-    out
+}
+
+fn down_oracle(c: &Down, g: &Geometry) -> Vec<f64> {
+    oracle::downsample(&c.x, scales(g), &c.gamma, &c.beta, &c.w)
 }
 
 fn down_run(c: &Down, g: &Geometry, build: Build, dtype: DType) -> Vec<f64> {
@@ -155,18 +117,7 @@ fn up_case(seed: u64, g: &Geometry) -> Up {
 }
 
 fn up_oracle(c: &Up, g: &Geometry) -> Vec<f64> {
-    let coarse: Vec<Vec<f64>> = c.x.chunks(384).map(|t| matvec(&c.w1, t)).collect();
-    let mut out = Vec::with_capacity(g.n1() * 192);
-    for z in 0..8 {
-        for y in 0..g.h1 {
-            for x in 0..g.w1 {
-                let t = &coarse[(z * g.h2 + y / 2) * g.w2 + x / 2];
-                let part = &t[((y % 2) * 2 + x % 2) * 192..][..192];
-                out.extend(matvec(&c.w2, &ln(part, &c.gamma, &c.beta)));
-            }
-        }
-    }
-    out
+    oracle::upsample(&c.x, scales(g), &c.w1, &c.gamma, &c.beta, &c.w2)
 }
 
 fn up_run(c: &Up, g: &Geometry, build: Build, dtype: DType) -> Vec<f64> {
@@ -199,9 +150,9 @@ fn downsample_matches_f64_oracle() {
     for seed in [1u64, 2] {
         let c = down_case(seed, &g);
         let want = down_oracle(&c, &g);
-        let (m64, _) = errors(&down_run(&c, &g, Build::Candle, DType::F64), &want);
-        let (c16, cr16) = errors(&down_run(&c, &g, Build::Candle, DType::F16), &want);
-        let (w16, wr16) = errors(&down_run(&c, &g, Build::Wavefuse, DType::F16), &want);
+        let (m64, _) = oracle::errors(&down_run(&c, &g, Build::Candle, DType::F64), &want);
+        let (c16, cr16) = oracle::errors(&down_run(&c, &g, Build::Candle, DType::F16), &want);
+        let (w16, wr16) = oracle::errors(&down_run(&c, &g, Build::Wavefuse, DType::F16), &want);
         eprintln!(
             "downsample seed {seed}: candle f64 max {m64:.1e}; candle f16 max {c16:.4} rms {cr16:.5}; \
              wavefuse f16 max {w16:.4} rms {wr16:.5}"
@@ -225,9 +176,9 @@ fn upsample_matches_f64_oracle() {
     for seed in [3u64, 4] {
         let c = up_case(seed, &g);
         let want = up_oracle(&c, &g);
-        let (m64, _) = errors(&up_run(&c, &g, Build::Candle, DType::F64), &want);
-        let (c16, cr16) = errors(&up_run(&c, &g, Build::Candle, DType::F16), &want);
-        let (w16, wr16) = errors(&up_run(&c, &g, Build::Wavefuse, DType::F16), &want);
+        let (m64, _) = oracle::errors(&up_run(&c, &g, Build::Candle, DType::F64), &want);
+        let (c16, cr16) = oracle::errors(&up_run(&c, &g, Build::Candle, DType::F16), &want);
+        let (w16, wr16) = oracle::errors(&up_run(&c, &g, Build::Wavefuse, DType::F16), &want);
         eprintln!(
             "upsample seed {seed}: candle f64 max {m64:.1e}; candle f16 max {c16:.4} rms {cr16:.5}; \
              wavefuse f16 max {w16:.4} rms {wr16:.5}"

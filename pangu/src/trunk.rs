@@ -1,0 +1,251 @@
+//! The trunk: first-scale tokens `[8 h1 w1, 192]` to the 384 channels the
+//! patch recovery reads. Layer 0 (first scale), downsample, layers 1 and 2
+//! (second scale), upsample, layer 3 (first scale), then the skip: layer
+//! 0's output and layer 3's output concatenated along channels, layer 0's
+//! first. Each layer is blocks in the weight file's order (post- or
+//! pre-norm), block `j` shifted when `j` is odd, on windowings built once
+//! per (grid, shift) and shared by every block that runs on them.
+use crate::config::{BlockOrder, Geometry, SLABS};
+use crate::downsample::Downsample;
+use crate::error::Error;
+use crate::error::Result;
+use crate::model::{Build, Options};
+use crate::stage::config::{SHIFT, WINDOW};
+use crate::stage::ops::{Affine, StageOps};
+use crate::stage::tables::{Windowing, expand_earth_bias};
+use crate::stage::weights::{BlockWeights, Fc1, fold_layer_norm};
+use crate::stage::{CandleOps, WavefuseOps};
+use crate::upsample::Upsample;
+use crate::weights::{TOKENS, Weights};
+use candle_core::{DType, Device, Tensor};
+use wavefuse_shared::window::{Grid3, Shift3};
+
+#[derive(Debug)]
+struct Block {
+    shifted: bool,
+    heads: usize,
+    w: BlockWeights,
+}
+
+#[derive(Debug)]
+struct Layer {
+    dim: usize,
+    /// The layer's scale: its windowings are `Trunk::windowings[scale]`.
+    scale: usize,
+    blocks: Vec<Block>,
+}
+
+/// The trunk on one device, in one build.
+#[derive(Debug)]
+pub struct Trunk {
+    order: BlockOrder,
+    opts: Options,
+    /// The unshifted and shifted windowings of the first and second
+    /// scale.
+    windowings: Vec<[Windowing; 2]>,
+    layers: Vec<Layer>,
+    down: Downsample,
+    up: Upsample,
+    ops192: CandleOps,
+    ops384: CandleOps,
+}
+
+impl Trunk {
+    /// Builds the trunk from checked weights (`layers.*`, `downsample.*`,
+    /// `upsample.*`, in the file's block order and depths) on `device` for
+    /// the geometry `geom`.
+    pub fn load(w: &Weights, geom: Geometry, device: &Device, opts: Options) -> Result<Trunk> {
+        let dtype = opts.dtype;
+        let g = geom;
+        let act = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(dtype)?.to_device(device)?) };
+        let affine = |name: &str| -> Result<Affine> {
+            Ok(Affine::new(
+                act(w.get(&format!("{name}.weight"))?)?,
+                act(w.get(&format!("{name}.bias"))?)?,
+            )?)
+        };
+        // One windowing per (grid, shift): the two scales' unshifted and
+        // shifted tables, shared by every block that runs on them (16
+        // blocks, 4 windowings).
+        let none = Shift3 { z: 0, h: 0, w: 0 };
+        let shift = if opts.faults.no_shift { none } else { SHIFT };
+        let mut windowings = Vec::with_capacity(2);
+        for (h, w) in [(g.h1, g.w1), (g.h2, g.w2)] {
+            let grid = Grid3 { z: SLABS, h, w };
+            windowings.push([
+                Windowing::earth(grid, WINDOW, none, device, dtype)?,
+                Windowing::earth(grid, WINDOW, shift, device, dtype)?,
+            ]);
+        }
+        let mut layers = Vec::with_capacity(4);
+        for (l, &(n_blocks, dim)) in w.meta.depths.layers().iter().enumerate() {
+            let scale = usize::from(dim != 192);
+            let win = &windowings[scale];
+            let mut blocks = Vec::with_capacity(n_blocks);
+            for j in 0..n_blocks {
+                let p = format!("layers.{l}.blocks.{j}");
+                let shifted = j % 2 == 1;
+                blocks.push(Block {
+                    shifted,
+                    heads: dim / 32,
+                    w: block_weights(w, &p, dim, &win[usize::from(shifted)], device, dtype)?,
+                });
+            }
+            layers.push(Layer { dim, scale, blocks });
+        }
+        let down = Downsample::new(
+            g,
+            opts.build,
+            affine("downsample.norm")?,
+            act(w.get("downsample.reduction.weight")?)?,
+            device,
+        )?;
+        let up = Upsample::new(
+            g,
+            opts.build,
+            act(w.get("upsample.linear1.weight")?)?,
+            affine("upsample.norm")?,
+            act(w.get("upsample.linear2.weight")?)?,
+            device,
+        )?;
+        Ok(Trunk {
+            order: w.meta.order,
+            opts,
+            windowings,
+            layers,
+            down,
+            up,
+            ops192: CandleOps::new(192, dtype, device)?,
+            ops384: CandleOps::new(384, dtype, device)?,
+        })
+    }
+
+    /// First-scale tokens `[8 h1 w1, 192]` -> `[8 h1 w1, 384]`. `wf` is the
+    /// wavefuse build's ops (and the step timer of both builds).
+    pub fn forward(&self, x: &Tensor, wf: &WavefuseOps) -> Result<Tensor> {
+        let x0 = self.layer(0, x.clone(), wf)?;
+        let x = self.down.forward(&x0, wf)?;
+        let x = self.layer(1, x, wf)?;
+        let x = self.layer(2, x, wf)?;
+        let x = self.up.forward(&x, wf)?;
+        let x3 = self.layer(3, x, wf)?;
+        let skip = if self.opts.faults.swap_skip {
+            Tensor::cat(&[&x3, &x0], 1)?
+        } else {
+            Tensor::cat(&[&x0, &x3], 1)?
+        };
+        wf.mark("skip_concat")?;
+        Ok(skip)
+    }
+
+    fn ops<'a>(&'a self, dim: usize, wf: &'a WavefuseOps) -> &'a dyn StageOps {
+        match (self.opts.build, dim) {
+            (Build::Wavefuse, _) => wf,
+            (Build::Candle, 192) => &self.ops192,
+            (Build::Candle, _) => &self.ops384,
+        }
+    }
+
+    fn block(&self, layer: &Layer, b: &Block, x: &Tensor, wf: &WavefuseOps) -> Result<Tensor> {
+        let win = &self.windowings[layer.scale][usize::from(b.shifted)];
+        let ops = self.ops(layer.dim, wf);
+        let w = &b.w;
+        match self.order {
+            BlockOrder::Post => {
+                let h = ops.partition(x, win)?;
+                let a = self.attention(ops, &h, b, win)?;
+                let x = ops.unpartition_norm_add(x, &a, &w.norm1, win)?;
+                Ok(ops.mlp_norm_add(&x, w)?)
+            }
+            BlockOrder::Pre => {
+                let h = ops.norm_partition(x, &w.norm1, win)?;
+                let a = self.attention(ops, &h, b, win)?;
+                let (x, h) = ops.unpartition_add_norm(x, &a, &w.norm2, win)?;
+                let m = ops.mlp(&h, w)?;
+                Ok(ops.add(&x, &m)?)
+            }
+        }
+    }
+
+    fn attention(
+        &self,
+        ops: &dyn StageOps,
+        h: &Tensor,
+        b: &Block,
+        win: &Windowing,
+    ) -> Result<Tensor> {
+        let (qkv, bias) = ops.qkv(h, &b.w)?;
+        ops.mark("qkv_gemm")?;
+        let o = ops.attention(&qkv, bias, &b.w.earth_bias, b.heads, win)?;
+        Ok(ops.proj(&o, &b.w, win)?)
+    }
+
+    fn layer(&self, l: usize, x: Tensor, wf: &WavefuseOps) -> Result<Tensor> {
+        let layer = &self.layers[l];
+        let mut x = x;
+        for b in &layer.blocks {
+            x = self.block(layer, b, &x, wf)?;
+        }
+        Ok(x)
+    }
+}
+
+/// One block's parameters in the stage's layout: the earth bias expanded
+/// to `[types, heads, 144, 144]`, norm2 kept (and folded into fc1 for the
+/// candle pre-norm build).
+fn block_weights(
+    w: &Weights,
+    p: &str,
+    c: usize,
+    win: &Windowing,
+    device: &Device,
+    dtype: DType,
+) -> Result<BlockWeights> {
+    let get = |s: &str| w.get(&format!("{p}.{s}"));
+    let dev = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(dtype)?.to_device(device)?) };
+    let heads = c / 32;
+    let table = get("attn.earth_specific_bias")?;
+    let bias = match table.rank() {
+        3 => expand_earth_bias(table, WINDOW)?,
+        5 => table.squeeze(0)?,
+        _ => table.clone(),
+    };
+    let want = [win.n_types(), heads, TOKENS, TOKENS];
+    if bias.dims() != want {
+        return Err(Error::Shape {
+            what: format!("{}: `{p}.attn.earth_specific_bias`", w.file),
+            got: table.dims().to_vec(),
+            want: format!("{want:?} once expanded"),
+        });
+    }
+    let (fc1_w, fc1_b) = fold_layer_norm(
+        get("norm2.weight")?,
+        get("norm2.bias")?,
+        get("mlp.fc1.weight")?,
+        get("mlp.fc1.bias")?,
+    )?;
+    let affine = |n: &str| -> Result<Affine> {
+        Ok(Affine::new(
+            dev(get(&format!("{n}.weight"))?)?,
+            dev(get(&format!("{n}.bias"))?)?,
+        )?)
+    };
+    Ok(BlockWeights {
+        norm1: affine("norm1")?,
+        qkv_w: dev(get("attn.qkv.weight")?)?,
+        qkv_b: dev(get("attn.qkv.bias")?)?,
+        earth_bias: dev(&bias.contiguous()?)?,
+        proj_w: dev(get("attn.proj.weight")?)?,
+        proj_b: dev(get("attn.proj.bias")?)?,
+        norm2: affine("norm2")?,
+        fc1_w: dev(&fc1_w)?,
+        fc1_b: dev(&fc1_b)?,
+        fc2_w: dev(get("mlp.fc2.weight")?)?,
+        fc2_b: dev(get("mlp.fc2.bias")?)?,
+        fc1: Fc1 {
+            w: dev(get("mlp.fc1.weight")?)?,
+            b: dev(get("mlp.fc1.bias")?)?,
+            zero: Tensor::zeros(4 * c, dtype, device)?,
+        },
+    })
+}
