@@ -19,6 +19,7 @@
 //! | [`window_attention`] | [`WindowAttention`] | fused window attention from the QKV output (bias, scale, earth bias, shift mask, softmax, `p v`, heads merged) |
 //! | [`BiasAdd::add_`] | [`BiasMaskAdd`] (in place) | a Linear's bias added to its output rows |
 //! | [`linear`] | [`Linear`] | not a wavefuse kernel: cuBLASLt's GEMM with the bias in its epilogue (one rounding), for the stage's Linears |
+//! | [`linear_no_bias`] | [`LinearNoBias`] | the same GEMM without a bias (the default epilogue), for the model's bias-less Linears |
 //!
 //! Tensors are f16 (the GELU bias may be bf16). Index tables and shift
 //! masks ([`Plan`], [`AttnTables`]) are built once per layout on the
@@ -73,6 +74,6 @@ pub use gelu::{BiasGelu, bias_gelu};
 pub use layer_norm::{
     AddLayerNorm, AddLayerNormTo, Affine, LayerNorm, add_layer_norm, add_layer_norm_to, layer_norm,
 };
-pub use linear::{Linear, linear};
+pub use linear::{Linear, LinearNoBias, linear, linear_no_bias};
 pub use qkv::{HEAD_DIM, QkvSplit, qkv_split};
 pub use wavefuse::GeluMode;

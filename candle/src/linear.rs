@@ -7,6 +7,9 @@
 //! the GELU) was what kept the candle + wavefuse build's output error above
 //! PyTorch's own (`benches/pangu_rounding.py` measures each point).
 //!
+//! [`linear_no_bias`] is the same GEMM without a bias (the default
+//! epilogue): no zero-bias buffer, nothing added.
+//!
 //! Operands: `x` `[rows, in]`, `w` `[out, in]` (PyTorch's layout), `b`
 //! `[out]`, all f16 and contiguous, each starting on a 256-byte boundary of
 //! its storage (cuBLASLt's default alignment preference, which its algorithm
@@ -38,8 +41,13 @@ const LT_ALIGN_BYTES: usize = 256;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Linear;
 
+/// `y = x W^T` rounded once: `CustomOp2` on `x` `[rows, in]`, `w` `[out,
+/// in]` (see the module docs).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LinearNoBias;
+
 /// Rows, inputs and outputs of a checked operand triple, and each operand's
-/// start offset in its storage.
+/// start offset in its storage (the bias's 0 when there is none).
 #[derive(Clone, Copy, Debug)]
 struct Dims {
     rows: usize,
@@ -68,12 +76,16 @@ fn operand(name: &'static str, dtype: DType, l: &Layout) -> Result<usize> {
     Ok(start)
 }
 
-fn check(ops: [(&'static str, DType, &Layout); 3]) -> Result<Dims> {
-    let [x, w, b] = ops;
+type Operand<'a> = (&'static str, DType, &'a Layout);
+
+fn check(x: Operand, w: Operand, b: Option<Operand>) -> Result<Dims> {
     let starts = [
         operand(x.0, x.1, x.2)?,
         operand(w.0, w.1, w.2)?,
-        operand(b.0, b.1, b.2)?,
+        match b {
+            Some(b) => operand(b.0, b.1, b.2)?,
+            None => 0,
+        },
     ];
     let (rows, inp) = match *x.2.dims() {
         [r, i] => (r, i),
@@ -85,7 +97,9 @@ fn check(ops: [(&'static str, DType, &Layout); 3]) -> Result<Dims> {
             candle_core::bail!("{OP}: `w` is {d:?}, expected [out, {inp}] (x is [{rows}, {inp}])")
         }
     };
-    if b.2.dims() != [out] {
+    if let Some(b) = b
+        && b.2.dims() != [out]
+    {
         candle_core::bail!("{OP}: `b` is {:?}, expected [{out}]", b.2.dims());
     }
     if inp == 0 {
@@ -104,6 +118,39 @@ fn check(ops: [(&'static str, DType, &Layout); 3]) -> Result<Dims> {
     })
 }
 
+/// The CPU route: operands widened to f32, candle's f32 GEMM, the bias (if
+/// any) added in f32, one rounding to f16.
+fn cpu_linear(
+    x: &CpuStorage,
+    w: &CpuStorage,
+    b: Option<&CpuStorage>,
+    d: Dims,
+) -> Result<(CpuStorage, Shape)> {
+    let widen = |s: &CpuStorage, start: usize, len: usize, dims: &[usize]| -> Result<Tensor> {
+        let v: Vec<f32> = s.as_slice::<f16>()?[start..start + len]
+            .iter()
+            .map(|h| h.to_f32())
+            .collect();
+        Tensor::from_vec(v, dims, &candle_core::Device::Cpu)
+    };
+    if d.rows * d.out == 0 {
+        return Ok((CpuStorage::F16(Vec::new()), Shape::from((d.rows, d.out))));
+    }
+    let xt = widen(x, d.starts[0], d.rows * d.inp, &[d.rows, d.inp])?;
+    let wt = widen(w, d.starts[1], d.out * d.inp, &[d.out, d.inp])?;
+    let mut y = xt.matmul(&wt.t()?)?;
+    if let Some(b) = b {
+        y = y.broadcast_add(&widen(b, d.starts[2], d.out, &[d.out])?)?;
+    }
+    let y: Vec<f16> = y
+        .flatten_all()?
+        .to_vec1::<f32>()?
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    Ok((CpuStorage::F16(y), Shape::from((d.rows, d.out))))
+}
+
 impl candle_core::CustomOp3 for Linear {
     fn name(&self) -> &'static str {
         OP
@@ -118,32 +165,12 @@ impl candle_core::CustomOp3 for Linear {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let d = check([
+        let d = check(
             ("x", s1.dtype(), l1),
             ("w", s2.dtype(), l2),
-            ("b", s3.dtype(), l3),
-        ])?;
-        let widen = |s: &CpuStorage, start: usize, len: usize, dims: &[usize]| -> Result<Tensor> {
-            let v: Vec<f32> = s.as_slice::<f16>()?[start..start + len]
-                .iter()
-                .map(|h| h.to_f32())
-                .collect();
-            Tensor::from_vec(v, dims, &candle_core::Device::Cpu)
-        };
-        if d.rows * d.out == 0 {
-            return Ok((CpuStorage::F16(Vec::new()), Shape::from((d.rows, d.out))));
-        }
-        let x = widen(s1, d.starts[0], d.rows * d.inp, &[d.rows, d.inp])?;
-        let w = widen(s2, d.starts[1], d.out * d.inp, &[d.out, d.inp])?;
-        let b = widen(s3, d.starts[2], d.out, &[d.out])?;
-        let y = x.matmul(&w.t()?)?.broadcast_add(&b)?;
-        let y: Vec<f16> = y
-            .flatten_all()?
-            .to_vec1::<f32>()?
-            .into_iter()
-            .map(f16::from_f32)
-            .collect();
-        Ok((CpuStorage::F16(y), Shape::from((d.rows, d.out))))
+            Some(("b", s3.dtype(), l3)),
+        )?;
+        cpu_linear(s1, s2, Some(s3), d)
     }
 
     #[cfg(feature = "cuda")]
@@ -156,12 +183,41 @@ impl candle_core::CustomOp3 for Linear {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let d = check([
+        let d = check(
             ("x", s1.dtype(), l1),
             ("w", s2.dtype(), l2),
-            ("b", s3.dtype(), l3),
-        ])?;
-        cuda::linear(s1, s2, s3, d)
+            Some(("b", s3.dtype(), l3)),
+        )?;
+        cuda::linear(s1, s2, Some(s3), d)
+    }
+}
+
+impl candle_core::CustomOp2 for LinearNoBias {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let d = check(("x", s1.dtype(), l1), ("w", s2.dtype(), l2), None)?;
+        cpu_linear(s1, s2, None, d)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let d = check(("x", s1.dtype(), l1), ("w", s2.dtype(), l2), None)?;
+        cuda::linear(s1, s2, None, d)
     }
 }
 
@@ -199,12 +255,14 @@ mod cuda {
     pub(super) fn linear(
         x: &CudaStorage,
         w: &CudaStorage,
-        b: &CudaStorage,
+        b: Option<&CudaStorage>,
         d: Dims,
     ) -> Result<(CudaStorage, Shape)> {
         let dev = x.device.clone();
-        for (name, s) in [("w", w), ("b", b)] {
-            if s.device.id() != dev.id() {
+        for (name, s) in [("w", Some(w)), ("b", b)] {
+            if let Some(s) = s
+                && s.device.id() != dev.id()
+            {
                 candle_core::bail!("{OP}: `{name}` is on another device than `x`");
             }
         }
@@ -219,10 +277,10 @@ mod cuda {
         let blas = handle(&dev)?;
         let xs = x.as_cuda_slice::<f16>()?;
         let ws = w.as_cuda_slice::<f16>()?;
-        let bs = b.as_cuda_slice::<f16>()?;
+        let bs = b.map(|b| b.as_cuda_slice::<f16>()).transpose()?;
         let xv = xs.slice(d.starts[0]..d.starts[0] + d.rows * d.inp);
         let wv = ws.slice(d.starts[1]..d.starts[1] + d.out * d.inp);
-        let bv = bs.slice(d.starts[2]..d.starts[2] + d.out);
+        let bv = bs.map(|bs| bs.slice(d.starts[2]..d.starts[2] + d.out));
         // SAFETY: uninitialised until the GEMM below writes every element,
         // queued on the same stream before any read of it.
         let mut y = unsafe { dev.alloc::<f16>(n)? };
@@ -254,8 +312,9 @@ mod cuda {
         // aligned starts), `y` holds `out * rows` elements, the leading
         // dimensions match the dense layouts above, and everything is on
         // candle's stream, which the handle was created on (cudarc records
-        // the reads and the write on it).
-        unsafe { blas.matmul(cfg, &wv, &xv, &mut y, Some(&bv), None) }
+        // the reads and the write on it). Without a bias, cuBLASLt's
+        // default epilogue.
+        unsafe { blas.matmul(cfg, &wv, &xv, &mut y, bv.as_ref(), None) }
             .map_err(|e| candle_core::Error::Msg(format!("{OP}: cublasLtMatmul: {e:?}")))?;
         Ok((CudaStorage::wrap_cuda_slice(y, dev), shape))
     }
@@ -264,4 +323,9 @@ mod cuda {
 /// `f16(x W^T + b)`, one rounding (see [`Linear`]).
 pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     x.apply_op3_no_bwd(w, b, &Linear)
+}
+
+/// `f16(x W^T)`, one rounding, no bias (see [`LinearNoBias`]).
+pub fn linear_no_bias(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    x.apply_op2_no_bwd(w, &LinearNoBias)
 }

@@ -443,7 +443,8 @@ fn linear64(x: &[f64], w: &[f64], b: &[f64], inp: usize) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// The bias-epilogue Linear against the f64 oracle on every device, each
+/// The bias-epilogue Linear (and the same GEMM without a bias) against the
+/// f64 oracle on every device, each
 /// device on its own (cuBLAS and the CPU's f32 GEMM sum in different
 /// orders): every output within half an f16 ulp of the exact `x W^T + b`
 /// plus twice the f32 accumulator's own bound (`(in + 2) 2^-24` times the
@@ -469,17 +470,25 @@ fn linear_rounds_once_with_the_bias() {
         let a = 1.0 / (inp as f64).sqrt();
         let w = rng.halves(&[out, inp], a, 0.0);
         let b = rng.halves(&[out], 1.0, 0.0);
-        let want = linear64(&f64s(&x), &f64s(&w), &f64s(&b), inp);
-        for dev in devices() {
+        let zero = vec![0.0; out];
+        for (dev, bias) in devices()
+            .into_iter()
+            .flat_map(|d| [(d.clone(), true), (d, false)])
+        {
+            let want = if bias {
+                linear64(&f64s(&x), &f64s(&w), &f64s(&b), inp)
+            } else {
+                linear64(&f64s(&x), &f64s(&w), &zero, inp)
+            };
             // Guard rows before and after `x`: whole 256-byte units.
             let pad = 128 / gcd(inp, 128);
             let (whole, xv) = embedded(&x, pad, &dev);
-            let y = wavefuse_candle::linear(
-                &xv,
-                &w.to_device(&dev).unwrap(),
-                &b.to_device(&dev).unwrap(),
-            )
-            .unwrap();
+            let wd = w.to_device(&dev).unwrap();
+            let y = if bias {
+                wavefuse_candle::linear(&xv, &wd, &b.to_device(&dev).unwrap()).unwrap()
+            } else {
+                wavefuse_candle::linear_no_bias(&xv, &wd).unwrap()
+            };
             assert_eq!(y.dims(), &[rows, out]);
             guards_intact(&whole, pad);
             let got = halves_of(&y);
@@ -502,8 +511,8 @@ fn linear_rounds_once_with_the_bias() {
                 .count() as f64
                 / got.len() as f64;
             eprintln!(
-                "linear [{rows}, {inp}] x [{out}, {inp}] on {dev:?}: worst error {worst:.3} of the \
-                 bound, {:.2}% correctly rounded",
+                "linear [{rows}, {inp}] x [{out}, {inp}] (bias: {bias}) on {dev:?}: worst error \
+                 {worst:.3} of the bound, {:.2}% correctly rounded",
                 100.0 * exact
             );
             assert!(
@@ -555,6 +564,21 @@ fn linear_operands() {
         let e = err(wavefuse_candle::linear(&x.flatten_all().unwrap(), &w, &b));
         assert!(e.contains("`x` is [1536], expected [rows, in]"), "{e}");
         let y = wavefuse_candle::linear(&x.narrow(0, 0, 0).unwrap(), &w, &b).unwrap();
+        assert_eq!(y.dims(), &[0, 64]);
+        // Without a bias: the same rules for `x` and `w`.
+        let e = err(wavefuse_candle::linear_no_bias(&x, &w.t().unwrap()));
+        assert!(e.contains("`w` is not contiguous"), "{e}");
+        let e = err(wavefuse_candle::linear_no_bias(
+            &x.narrow(0, 1, 4).unwrap(),
+            &w,
+        ));
+        assert!(e.contains("`x`") && e.contains("256-byte"), "{e}");
+        let e = err(wavefuse_candle::linear_no_bias(
+            &x,
+            &w.narrow(1, 0, 96).unwrap().contiguous().unwrap(),
+        ));
+        assert!(e.contains("`w` is [64, 96], expected [out, 192]"), "{e}");
+        let y = wavefuse_candle::linear_no_bias(&x.narrow(0, 0, 0).unwrap(), &w).unwrap();
         assert_eq!(y.dims(), &[0, 64]);
     }
 }

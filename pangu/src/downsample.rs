@@ -60,7 +60,6 @@ impl Downsample {
         reduction: Tensor,
         device: &Device,
     ) -> Result<Downsample> {
-        let dtype = reduction.dtype();
         let merge = match build {
             Build::Wavefuse => Some(Plan::new(&merge_table(&geom), geom.n1(), device)?),
             Build::Candle => None,
@@ -69,7 +68,7 @@ impl Downsample {
             geom,
             build,
             norm,
-            reduction: Lin::no_bias(reduction, dtype, device)?,
+            reduction: Lin::no_bias(reduction),
             merge,
         })
     }

@@ -134,9 +134,9 @@ impl Pangu {
                     } else {
                         b.clone()
                     };
-                    act(&b)?
+                    Some(act(&b)?)
                 } else {
-                    Tensor::zeros(out, dtype, device)?
+                    None
                 };
                 Ok(Lin { w: act(&m)?, b })
             };

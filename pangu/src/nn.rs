@@ -5,35 +5,32 @@ use crate::model::Build;
 use crate::stage::affine_layer_norm;
 use crate::stage::config::LN_EPS;
 use crate::stage::ops::{Affine, matmul_t};
-use candle_core::{DType, Device, Tensor};
+use candle_core::Tensor;
 
-/// A Linear `x W^T + b`, `W` `[out, in]` (`b` zeros where the layer has
-/// none: the wavefuse build's GEMM takes its bias in the epilogue).
+/// A Linear `x W^T (+ b)`, `W` `[out, in]`.
 #[derive(Debug)]
 pub struct Lin {
     /// `[out, in]`.
     pub w: Tensor,
-    /// `[out]`.
-    pub b: Tensor,
+    /// `[out]`, or none.
+    pub b: Option<Tensor>,
 }
 
 impl Lin {
     /// A Linear without bias.
-    pub fn no_bias(w: Tensor, dtype: DType, device: &Device) -> Result<Lin> {
-        let out = w.dim(0)?;
-        Ok(Lin {
-            w,
-            b: Tensor::zeros(out, dtype, device)?,
-        })
+    pub fn no_bias(w: Tensor) -> Lin {
+        Lin { w, b: None }
     }
 
-    /// `x W^T + b` in `build`: candle's GEMM and a broadcast add, or
+    /// `x W^T (+ b)` in `build`: candle's GEMM and a broadcast add, or
     /// [`wavefuse_candle::linear`] (one rounding, the bias in the
-    /// epilogue).
+    /// epilogue) and [`wavefuse_candle::linear_no_bias`].
     pub fn forward(&self, build: Build, x: &Tensor) -> Result<Tensor> {
-        Ok(match build {
-            Build::Candle => matmul_t(x, &self.w)?.broadcast_add(&self.b)?,
-            Build::Wavefuse => wavefuse_candle::linear(x, &self.w, &self.b)?,
+        Ok(match (build, &self.b) {
+            (Build::Candle, None) => matmul_t(x, &self.w)?,
+            (Build::Candle, Some(b)) => matmul_t(x, &self.w)?.broadcast_add(b)?,
+            (Build::Wavefuse, None) => wavefuse_candle::linear_no_bias(x, &self.w)?,
+            (Build::Wavefuse, Some(b)) => wavefuse_candle::linear(x, &self.w, b)?,
         })
     }
 }

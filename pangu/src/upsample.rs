@@ -53,7 +53,6 @@ impl Upsample {
         linear2: Tensor,
         device: &Device,
     ) -> Result<Upsample> {
-        let dtype = linear1.dtype();
         let split = match build {
             Build::Wavefuse => Some(Plan::new(&split_table(&geom), geom.n2() * 4, device)?),
             Build::Candle => None,
@@ -61,9 +60,9 @@ impl Upsample {
         Ok(Upsample {
             geom,
             build,
-            linear1: Lin::no_bias(linear1, dtype, device)?,
+            linear1: Lin::no_bias(linear1),
             norm,
-            linear2: Lin::no_bias(linear2, dtype, device)?,
+            linear2: Lin::no_bias(linear2),
             split,
         })
     }

@@ -26,7 +26,11 @@ fn weights(order: BlockOrder) -> Weights {
     let g = Geometry::new(LAT, LON).unwrap();
     let dir = std::env::temp_dir().join(format!("pangu-model-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{}.safetensors", order.name()));
+    // One file per call: the tests run in parallel and each removes its
+    // own file once read.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{}-{n}.safetensors", order.name()));
     let meta = Meta {
         order,
         interval_hours: Some(24),
