@@ -505,22 +505,40 @@ fn cuda() -> Option<Device> {
 }
 
 /// The wavefuse build of the stage (tiny grid at width 192, both blocks)
-/// on CUDA against the same build on the emulator.
+/// on CUDA, in both block orders, against the f64 oracle with the
+/// emulator's tolerances. (CUDA and the emulator differ by the GEMMs'
+/// summation order, which the post-norm LayerNorms pass on at the outputs'
+/// scale: measured on an H100 max 1.2e-2, RMS 1.4e-3 between them, the
+/// same order as each one's error against the oracle: CUDA pre-norm max
+/// 3.4e-3, RMS 5.2e-4; post-norm max 1.04e-2, RMS 1.49e-3.)
 #[test]
-fn wavefuse_stage_on_cuda_agrees_with_emulator() {
+fn wavefuse_stage_on_cuda_matches_f64_oracle() {
     let Some(gpu) = cuda() else { return };
-    let cfg = StageConfig::TINY192;
-    let t = stage::weights::random_weights(&cfg, 9, 2.0).unwrap();
-    let run = |dev: &Device| {
-        let stage = Stage::load(cfg, &t, dev, DType::F16).unwrap();
-        let x = stage.input(&t, dev).unwrap();
-        let ops = WavefuseOps::new();
-        to64(&stage.forward(&ops, &x).unwrap())
-    };
-    let (cpu, gpu) = (run(&Device::Cpu), run(&gpu));
-    let (max, rms) = oracle::errors(&gpu, &cpu);
-    // Same kernels and the same cuBLAS-vs-gemm GEMM differences as the
-    // candle build's CPU/CUDA pair: a few f16 ulps of the O(1) outputs.
-    eprintln!("CUDA vs emulator stage: max {max:.3e} rms {rms:.3e}");
-    assert!(max < 0.02 && rms < 1e-3, "max {max} rms {rms}");
+    for (order, (max_tol, rms_tol)) in [
+        (BlockOrder::Pre, (MAX_TOL, RMS_TOL)),
+        (BlockOrder::Post, (WF_POST_MAX_TOL, WF_POST_RMS_TOL)),
+    ] {
+        let cfg = StageConfig::TINY192.with_order(order);
+        let t = stage::weights::random_weights(&cfg, 9, 2.0).unwrap();
+        let want = oracle::stage(&cfg, &t, 2);
+        let run = |dev: &Device| {
+            let stage = Stage::load(cfg, &t, dev, DType::F16).unwrap();
+            let x = stage.input(&t, dev).unwrap();
+            let ops = WavefuseOps::new();
+            to64(&stage.forward(&ops, &x).unwrap())
+        };
+        let (cpu, gpu) = (run(&Device::Cpu), run(&gpu));
+        let (max, rms) = oracle::errors(&gpu, &want);
+        let (emax, erms) = oracle::errors(&cpu, &want);
+        let (dmax, drms) = oracle::errors(&gpu, &cpu);
+        eprintln!(
+            "{}: CUDA vs oracle max {max:.3e} rms {rms:.3e}; emulator vs oracle max {emax:.3e} rms \
+             {erms:.3e}; CUDA vs emulator max {dmax:.3e} rms {drms:.3e}",
+            order.name()
+        );
+        assert!(
+            max < max_tol && rms < rms_tol,
+            "{order:?}: CUDA max {max} rms {rms}"
+        );
+    }
 }
