@@ -113,33 +113,32 @@ impl Pangu {
         let g = geom;
         let act = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(dtype)?.to_device(device)?) };
         let fld = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(fd)?.to_device(device)?) };
-        let lin =
-            |name: &str, out: usize, inp: usize, bias: bool, transposed: bool| -> Result<Lin> {
-                let wt = w.get(&format!("{name}.weight"))?;
-                let m = if transposed {
-                    wt.reshape((inp, out))?.t()?.contiguous()?
-                } else {
-                    wt.reshape((out, inp))?
-                };
-                let b = if bias {
-                    let b = w.get(&format!("{name}.bias"))?;
-                    // A transposed convolution's bias is per output channel;
-                    // its GEMM's outputs are (channel, patch position), so each
-                    // channel's bias repeats over the positions.
-                    let n = b.elem_count();
-                    let b = if n != out && n > 0 && out.is_multiple_of(n) {
-                        b.reshape((n, 1))?
-                            .broadcast_as((n, out / n))?
-                            .reshape(out)?
-                    } else {
-                        b.clone()
-                    };
-                    Some(act(&b)?)
-                } else {
-                    None
-                };
-                Ok(Lin { w: act(&m)?, b })
+        // The patch embedding and recovery: convolutions whose kernel is
+        // their stride, as Linears with a bias.
+        let lin = |name: &str, out: usize, inp: usize, transposed: bool| -> Result<Lin> {
+            let wt = w.get(&format!("{name}.weight"))?;
+            let m = if transposed {
+                wt.reshape((inp, out))?.t()?.contiguous()?
+            } else {
+                wt.reshape((out, inp))?
             };
+            let b = w.get(&format!("{name}.bias"))?;
+            // A transposed convolution's bias is per output channel; its
+            // GEMM's outputs are (channel, patch position), so each
+            // channel's bias repeats over the positions.
+            let n = b.elem_count();
+            let b = if n != out && n > 0 && out.is_multiple_of(n) {
+                b.reshape((n, 1))?
+                    .broadcast_as((n, out / n))?
+                    .reshape(out)?
+            } else {
+                b.clone()
+            };
+            Ok(Lin {
+                w: act(&m)?,
+                b: Some(act(&b)?),
+            })
+        };
         Ok(Pangu {
             geom: g,
             order: w.meta.order,
@@ -151,11 +150,11 @@ impl Pangu {
             surface_std: fld(&w.get("surface_std")?.reshape((4, 1, 1))?)?,
             surface_constants: fld(w.get("surface_constants")?)?,
             upper_constants: fld(&w.get("upper_constants")?.unsqueeze(0)?)?,
-            embed_upper: lin("patch_embed.conv", 192, 192, true, false)?,
-            embed_surface: lin("patch_embed.conv_surface", 192, 112, true, false)?,
+            embed_upper: lin("patch_embed.conv", 192, 192, false)?,
+            embed_surface: lin("patch_embed.conv_surface", 192, 112, false)?,
             trunk: Trunk::load(w, g, device, opts)?,
-            recover_upper: lin("patch_recovery.conv", 160, 384, true, true)?,
-            recover_surface: lin("patch_recovery.conv_surface", 64, 384, true, true)?,
+            recover_upper: lin("patch_recovery.conv", 160, 384, true)?,
+            recover_surface: lin("patch_recovery.conv_surface", 64, 384, true)?,
             wf: WavefuseOps::new(),
         })
     }

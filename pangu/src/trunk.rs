@@ -7,8 +7,7 @@
 //! per (grid, shift) and shared by every block that runs on them.
 use crate::config::{BlockOrder, Geometry, SLABS};
 use crate::downsample::Downsample;
-use crate::error::Error;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{Build, Options};
 use crate::stage::config::{SHIFT, WINDOW};
 use crate::stage::ops::{Affine, StageOps};
