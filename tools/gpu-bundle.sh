@@ -7,13 +7,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf bundle && mkdir -p bundle/bin
+# Provenance for the records a run makes: the commit built and whether the
+# tracked files differed from it.
+{ echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then echo "dirty: true"; else echo "dirty: false"; fi; } > bundle/build.txt
 cargo build --release --bin wavefuse-suite
 cp target/release/wavefuse-suite bundle/bin/
 # Every test binary of the workspace, release profile (not the xtask's: its
 # manifest test reads the checkout, which the GPU host does not have).
 # wavefuse-candle is left out: its GPU tests need its `cuda` feature and
-# travel in tools/candle-bundle.sh; built without it they refuse to run
-# when WAVEFUSE_REQUIRE names cuda (they did, in the eighth session's f1).
+# travel in tools/candle-bundle.sh; built without it they would refuse to
+# run when WAVEFUSE_REQUIRE names cuda.
 { cargo test --release --workspace --exclude xtask --exclude wavefuse-candle --no-run --message-format=json 2>/dev/null
   cargo bench --workspace --exclude xtask --exclude wavefuse-candle --no-run --message-format=json 2>/dev/null; } \
   | python3 -c '
@@ -53,7 +57,8 @@ mkdir -p "$out"
 { echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
   echo "nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | head -1)"
-  echo "command: tools/gpu-bundle.sh && bundle/run.sh $all_args"; } > "$out/meta.txt" 2>&1
+  echo "command: tools/gpu-bundle.sh && bundle/run.sh $all_args"
+  cat "$here/build.txt" 2>/dev/null; } > "$out/meta.txt" 2>&1
 # The backends each test binary's kernel tests ran on (tests/common/mod.rs
 # appends one line per binary), and the ones that must open: a GPU run that
 # silently falls back to the emulator fails instead of passing.
@@ -97,7 +102,7 @@ if has sanitize; then
       [ -n "${WAVEFUSE_SANITIZE_ONLY:-}" ] && [[ ",$WAVEFUSE_SANITIZE_ONLY," != *",${n#test-},"* ]] && continue
       # test-threads launches from six host threads at once, where racecheck
       # loses track of a launch ("Internal Sanitizer Error: Detected a failure
-      # to track a kernel launch", counted as 1 error, eighth session f1); its
+      # to track a kernel launch", counted as 1 error); its
       # kernels use no shared memory, so racecheck has nothing to inspect there.
       [ "$tool" = racecheck ] && [ "$n" = test-threads ] && continue
       log="$out/san-backends-$tool.txt"
@@ -119,8 +124,8 @@ if has profile; then
 fi
 if has bench; then
 # The SM clock while the harness and peers run: the same build measured up
-# to 3% apart on different H200 hosts of one day (BENCHMARKS.md, twentieth
-# session), so each run records the clocks it had.
+# to 3% apart on different H200 hosts at the same SM clock, so each run
+# records the clocks it had.
 smi_pid=""
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
