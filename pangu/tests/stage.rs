@@ -117,8 +117,7 @@ fn post_norm_stage_in_f16_matches_oracle() {
 
 /// The checks above see a wrong block order, a masked longitude and a
 /// wrong roll: each changes the f32 output by far more than its
-/// tolerance. (The stage's own code is broken for the same check in the
-/// report of the change that added this.)
+/// tolerance, so a stage that makes one of these mistakes fails them.
 #[test]
 fn oracle_tells_the_variants_apart() {
     let t = stage::weights::random_weights(&POST, 11, 2.0).unwrap();

@@ -17,8 +17,7 @@
 //! H200: add+LayerNorm takes the wide layout (more threads, each with fewer
 //! bytes in flight, hid latency better than fewer threads carrying three
 //! vectors each), plain LayerNorm three vectors per lane; see
-//! [`gather_layout`] for the plain gather. The dated numbers are in
-//! BENCHMARKS.md (third and fourth sessions).
+//! [`gather_layout`] for the plain gather.
 
 use crate::Target;
 
@@ -33,7 +32,7 @@ pub const ROW_BLOCK: u32 = 256;
 /// take registers, and a workgroup's warps hold its registers until the
 /// last one finishes: smaller workgroups keep more warps resident (64
 /// threads at 56 registers against [`ROW_BLOCK`] threads at 64: faster on
-/// the H200, BENCHMARKS.md, eleventh session).
+/// the H200).
 pub const LN_AFFINE_BLOCK: u32 = 64;
 
 /// Workgroups of [`LN_AFFINE_BLOCK`] threads per SM the NVIDIA build's
@@ -56,8 +55,7 @@ pub const fn ln_block(affine: bool) -> u32 {
 /// LayerNorm+gather entries park three f64 across the fast loop: the row
 /// sum and tier 1's root and `K` of the one-pass variance, from which the
 /// refinement builds its factors (kept in registers instead, the sums cost
-/// the fast path registers and a spill: BENCHMARKS.md, twenty-third and
-/// twenty-fourth sessions).
+/// the fast path registers and a spill).
 pub const LN_PARK_BYTES: u32 = 24;
 
 /// Launch-sized workgroup memory of the LayerNorm and LayerNorm+gather
@@ -147,14 +145,13 @@ impl RowLayout {
 
 /// Threads per workgroup of the affine add+LayerNorm entry of width 192:
 /// at the 40 registers it then took, 128 threads kept as many warps per SM
-/// as 256 and measured faster on the H200 (BENCHMARKS.md, eleventh
-/// session).
+/// as 256 and measured faster on the H200.
 pub const ADD_LN_AFFINE_192_BLOCK: u32 = 128;
 
 /// Workgroups of [`ADD_LN_AFFINE_192_BLOCK`] threads per SM the NVIDIA
 /// build's register budget is set for: 32 registers, 64 warps per SM. The
 /// entry's refinement runs as a real call there (`out_of_line!`), so the
-/// fast path fits without spilling (BENCHMARKS.md, twenty-second session).
+/// fast path fits without spilling.
 pub const ADD_LN_AFFINE_192_MIN_BLOCKS_SM: u32 = 16;
 
 /// Launch shape of the add+LayerNorm kernels: the 32-lane [`RowLayout::wide`]
@@ -162,7 +159,7 @@ pub const ADD_LN_AFFINE_192_MIN_BLOCKS_SM: u32 = 16;
 /// flight before the reductions, which run interleaved), `block` threads
 /// per workgroup.
 ///
-/// Chosen by measurement on the H200 (BENCHMARKS.md, sixth session): at
+/// Chosen by measurement on the H200: at
 /// width 384, 2 rows per group in one-warp workgroups (torch.compile's
 /// shape) was the fastest; at width 192, 1 row per group in 256-thread
 /// workgroups, since more rows per group were slower and one-warp
@@ -217,7 +214,7 @@ impl AddLnShape {
 }
 
 /// The layout of the plain gather's fixed-width kernels, chosen by
-/// measurement on the H200 (BENCHMARKS.md, third and fourth sessions): at
+/// measurement on the H200: at
 /// width 192, 16 lanes with two steps (the second one half-idle), ahead of
 /// 8 x 3, 4 x 6, 12 x 2, 24 x 1 and 32 x 1; at width 384 the wide layout,
 /// ahead of 16 x 3. At 768 the two are the same layout (32 lanes x 3).

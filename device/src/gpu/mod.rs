@@ -194,8 +194,7 @@ pub fn trap() -> ! {
 /// Reads an `i32` that later launches read again (a gather table reused for
 /// every launch). On NVIDIA the load carries an L2 `evict_last` policy, so
 /// the table stays resident while the streamed tokens pass through L2 (as
-/// Inductor does for its index loads; the gather's measurements with and
-/// without it are in BENCHMARKS.md). A plain load on the other targets.
+/// Inductor does for its index loads). A plain load on the other targets.
 ///
 /// # Safety
 /// `p` must be valid for reading an aligned `i32`.

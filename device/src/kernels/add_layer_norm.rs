@@ -101,7 +101,7 @@ pub unsafe fn add_layer_norm<
     // The residual goes out before the statistics: its packed sums then
     // need no registers across the reductions (the 384-wide kernel: 56
     // registers instead of 72, a workgroup more per SM). Storing it last
-    // measured the same at 192 (BENCHMARKS.md, eighth session).
+    // measured the same at 192 on the H200.
     for r in 0..R {
         let row = first + r as u64;
         for k in 0..NV {
@@ -176,7 +176,7 @@ pub unsafe fn add_layer_norm<
 /// ([`wavefuse_shared::ADD_LN_AFFINE_192_MIN_BLOCKS_SM`]). At 384 and 768
 /// the inline tiers fit the entries' budgets as they are, with the sums in
 /// registers (parked in workgroup memory, they measured the same on the
-/// H200: BENCHMARKS.md, twenty-third session).
+/// H200).
 const fn refine(w: usize) -> Refine {
     if w == 192 {
         Refine::Call

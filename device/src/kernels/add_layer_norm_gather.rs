@@ -8,7 +8,7 @@
 //! layout of [`super::layer_norm_gather()`]: the same reduction order, so the
 //! fused path gives the same bits as `add_layer_norm` followed by
 //! `layer_norm_gather` (16 lanes x 2 at width 192 and 32 x 2 at 384 were
-//! faster on the H200, at the price of that identity: BENCHMARKS.md).
+//! faster on the H200, at the price of that identity).
 //! The group that owns output row `t` also updates source row `idx[t]`.
 //! The host accepts only tables that name every source exactly once (a
 //! partition with padding), so every residual row is updated once, by one

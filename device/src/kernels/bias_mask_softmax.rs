@@ -19,7 +19,7 @@
 //! contiguous bytes of its row. A wave32 holds 5 rows (2 lanes idle), a
 //! wave64 10 rows (4 idle): a [`SOFTMAX_BLOCK`]-thread workgroup is
 //! [`SOFTMAX_ROWS`] = 40 rows either way. The alternatives measured on the
-//! H200 (BENCHMARKS.md): two lanes per row sent one 32-byte sector per row
+//! H200: two lanes per row sent one 32-byte sector per row
 //! and load to L2 and was L2-request-bound; a fully coalesced workgroup
 //! layout with row reductions through workgroup memory spent its time at
 //! barriers. Here the reductions are three lane exchanges

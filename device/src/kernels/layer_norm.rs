@@ -120,7 +120,7 @@ pub enum Refine {
     /// where a tier runs. The sums in registers cost the affine LayerNorm
     /// entries an 8-byte spill and 1-3% on the H200 with no output
     /// flagged; parked, the entries measured as fast as the kernels before
-    /// the exact path there (BENCHMARKS.md, twenty-third session). The
+    /// the exact path there. The
     /// entry's launch must provide the memory
     /// ([`wavefuse_shared::ln_shared_bytes`]).
     Parked,
@@ -183,7 +183,7 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     // overwrite the few outputs they redo, one half at a time, in program
     // order after the vector store of the same thread. Holding the
     // outputs in registers until a wave vote had decided measured about
-    // 6% slower on the H200 (BENCHMARKS.md, ninth session).
+    // 6% slower on the H200.
     const { assert!(NV <= 4) };
     // Volatile, so that the compiler cannot forward the stored values to
     // the tiers' reads (which would keep them in registers across the
@@ -206,7 +206,7 @@ pub unsafe fn normalise_store<const W: usize, const L: u32, const NV: usize, con
     // are in registers, so the rare path reloads only the flagged outputs.
     // A branch around the gathering was if-converted by ptxas into about
     // 20 predicated instructions per vector; leaving it to the rare path
-    // cost a reload per flagged lane (BENCHMARKS.md, tenth session).
+    // cost a reload per flagged lane.
     let mut bits = 0u32;
     if io.active {
         // Unrolled by hand: with the rare paths' loops over set bits LLVM
@@ -337,8 +337,8 @@ crate::out_of_line! {
 /// ([`crate::out_of_line`]): in the 192-wide affine add+LayerNorm the
 /// kept sums and the inline tiers cost the fast path 8 registers (40
 /// instead of 32) and a quarter of its warps per SM; as a call, held to
-/// 32 registers, the entry measured about 4.5% faster on the H200
-/// (BENCHMARKS.md, twenty-second session). The LayerNorm entries were
+/// 32 registers, the entry measured about 4.5% faster on the H200.
+/// The LayerNorm entries were
 /// slower this way at their bounds; they keep the inline tiers and park
 /// their sums ([`Refine::Parked`]). Every lane of the wave must call it.
 ///

@@ -112,8 +112,7 @@ pub struct RowSums {
 /// cannot change it, and a single chain keeps two registers live where
 /// eight partial sums kept sixteen. Those sixteen cost the affine
 /// LayerNorm and the 384-wide add+LayerNorm a workgroup per SM (52 and 72
-/// registers) and about 1% of their speed on the H200 (BENCHMARKS.md,
-/// eighth session). A square of an f16 is exact in f64 (22 bits), so the
+/// registers) and about 1% of their speed on the H200. A square of an f16 is exact in f64 (22 bits), so the
 /// fused multiply-add rounds only the sum.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // constant indices keep the row in registers

@@ -52,7 +52,7 @@
 //! rather than `2^-11 sum_j w_j |v_j|`; plus half an ulp and the effect of
 //! the f32 scores' rounding. Summed on the matrix unit, the row sums cost
 //! one matrix step per 16-key tile instead of the per-lane adds and the
-//! shuffles over a row's lanes (BENCHMARKS.md, sixteenth session). The
+//! shuffles over a row's lanes. The
 //! host op (`wavefuse::ops::window_attention`) states the bound.
 //!
 //! The exact path (`exact_strip`): a 16-row strip whose row sum comes out
@@ -87,14 +87,14 @@
 //! the strip's q . k products (the first strip's rows as a second group
 //! of copies behind q, k and v: [`gpu::copy_to_workgroup_fence`]; read straight from
 //! L2 in the accumulator layout they kept L2 at 71% of its throughput and
-//! the kernel 13% slower on the H200: BENCHMARKS.md) and read as left
+//! the kernel 13% slower on the H200) and read as left
 //! operands; the row max is reduced over the lanes of a row; the
 //! rounded weights are reused in registers as the left operand of `P V`
 //! and of their row sums ([`Mma::to_a`]); the strip's outputs, rounded,
 //! pass through the wave's output strip in workgroup memory so that each
 //! 64-byte row leaves as four 16-byte stores (stored from the accumulator
 //! layout, every 32-bit store wrote half of a sector, and the kernel was
-//! slower on the H200: BENCHMARKS.md, seventeenth session). Nothing but
+//! slower on the H200). Nothing but
 //! q, k, v, the bias, the labels and the output touches memory outside
 //! the workgroup.
 //!
@@ -219,8 +219,7 @@ const _: () = assert!(D <= LS && T <= BS);
 /// workgroup's barrier after this is the only one needed. Through the
 /// asynchronous copy and this pass the bias costs no exposed load latency:
 /// loading the rows through registers to add it on the way took 1.46
-/// times as long as the copy path on the H200 (BENCHMARKS.md, fourteenth
-/// session).
+/// times as long as the copy path on the H200.
 ///
 /// # Safety
 /// As for [`window_attention`]; `lds` holds three 144-row tiles, copied
@@ -312,7 +311,7 @@ fn mask_mode(lab: *const i32) -> u8 {
     // The labels in 16-byte pieces, at most two per lane in a constant
     // count: as a loop over single labels (four or five per lane, with a
     // remainder), the mode took about 3% of the kernel's stall samples
-    // on the H200 (BENCHMARKS.md, nineteenth session).
+    // on the H200.
     for k in 0..PIECES.div_ceil(ws) {
         let p = lane + k * ws;
         if p < PIECES {
@@ -325,7 +324,7 @@ fn mask_mode(lab: *const i32) -> u8 {
         }
     }
     // One vote each (a butterfly of shuffles over the lanes was slower
-    // on the H200: BENCHMARKS.md, seventeenth session).
+    // on the H200).
     if !gpu::wave_any(differ) {
         NO_MASK
     } else if !gpu::wave_any(above) {
@@ -649,8 +648,7 @@ fn store_rows<M: Mma>(
     let lane = gpu::thread_id() as usize % ws;
     // A constant count (two pieces per lane on NVIDIA, one on AMD), so
     // that every piece's load is issued before the first store (as a loop
-    // to 64, each store waited for its load: BENCHMARKS.md, eighteenth
-    // session).
+    // to 64, each store waited for its load).
     for k in 0..16 * D / 8 / ws {
         let p = lane + k * ws;
         let (i, c) = (p / 4, 8 * (p % 4));
@@ -798,8 +796,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         // one after another, they were about a tenth of the kernel's stall
         // samples on the H200). The tables are read after the q, k, v
         // copies start, so that their latency (and the range check's)
-        // overlaps the copies' (BENCHMARKS.md, fifteenth and seventeenth
-        // sessions).
+        // overlaps the copies'.
         let lookup = || {
             // SAFETY: w < windows: the tables hold one entry per window.
             unsafe {
@@ -814,8 +811,7 @@ impl<const MASK: bool> MatrixKernel for Attention<MASK> {
         // The masked entry's scale constants while the copies are in
         // flight: its mode needs `mh` right after the barrier (computed
         // there, they were each window's start); the unmasked entry was
-        // faster with them after the barrier (BENCHMARKS.md, nineteenth
-        // session).
+        // faster with them after the barrier.
         let early = MASK.then(|| Scale::<M>::of(a.scale));
         if MASK {
             // SAFETY: `lookup` trapped on slots out of range; the slot's

@@ -57,8 +57,8 @@ pub use wave64::Wave64;
 /// apart instead (the old layout) left the eight 16-byte `cp.async` pieces
 /// of a quarter-warp spread over two or more 128-byte spans of workgroup
 /// memory, and the H200 then split the copy's global reads into extra L2
-/// requests (window attention: 2.3 times the dense copy's read requests,
-/// BENCHMARKS.md, thirteenth session). A swizzled dense tile keeps both
+/// requests (window attention: 2.3 times the dense copy's read
+/// requests). A swizzled dense tile keeps both
 /// the copy and the reads conflict-free.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Swizzle {
