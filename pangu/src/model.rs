@@ -50,6 +50,14 @@ pub struct Faults {
     pub swap_skip: bool,
     /// Run the odd blocks unshifted.
     pub no_shift: bool,
+    /// Put the surface slab after the upper-air slabs.
+    pub surface_last: bool,
+    /// Order the upper-air patch features `dx` before `dy`.
+    pub patch_transposed: bool,
+    /// Crop the recovered fields one latitude row late.
+    pub crop_late: bool,
+    /// Apply the upper-air statistics in reversed level order.
+    pub levels_reversed: bool,
 }
 
 /// How to build the network.
@@ -111,6 +119,16 @@ impl Pangu {
         }
         let fd = field_dtype(dtype);
         let g = geom;
+        let levels = |name: &str| -> Result<Tensor> {
+            let t = w.get(name)?.reshape((5, 13))?;
+            let t = if opts.faults.levels_reversed {
+                let idx: Vec<u32> = (0..13u32).rev().collect();
+                t.index_select(&Tensor::new(idx.as_slice(), t.device())?, 1)?
+            } else {
+                t
+            };
+            Ok(t.reshape((5, 13, 1, 1))?)
+        };
         let act = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(dtype)?.to_device(device)?) };
         let fld = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(fd)?.to_device(device)?) };
         // The patch embedding and recovery: convolutions whose kernel is
@@ -144,8 +162,8 @@ impl Pangu {
             order: w.meta.order,
             opts,
             device: device.clone(),
-            upper_mean: fld(&w.get("upper_mean")?.reshape((5, 13, 1, 1))?)?,
-            upper_std: fld(&w.get("upper_std")?.reshape((5, 13, 1, 1))?)?,
+            upper_mean: fld(&levels("upper_mean")?)?,
+            upper_std: fld(&levels("upper_std")?)?,
             surface_mean: fld(&w.get("surface_mean")?.reshape((4, 1, 1))?)?,
             surface_std: fld(&w.get("surface_std")?.reshape((4, 1, 1))?)?,
             surface_constants: fld(w.get("surface_constants")?)?,
@@ -237,9 +255,14 @@ impl Pangu {
             .pad_with_zeros(2, 0, hp - h)?
             .to_dtype(dtype)?;
         // [c, z, dz, y, dy, x, dx] -> [z, y, x, c, dz, dy, dx].
+        let features = if self.opts.faults.patch_transposed {
+            vec![1, 3, 5, 0, 2, 6, 4]
+        } else {
+            vec![1, 3, 5, 0, 2, 4, 6]
+        };
         let u = u
             .reshape(vec![6, 7, 2, h1, 4, w1, 4])?
-            .permute(vec![1, 3, 5, 0, 2, 4, 6])?
+            .permute(features)?
             .contiguous()?
             .reshape((7 * h1 * w1, 192))?;
         let s = surface
@@ -257,7 +280,11 @@ impl Pangu {
         let eu = self.linear(&u, &self.embed_upper)?;
         let es = self.linear(&s, &self.embed_surface)?;
         self.mark("embed_gemm")?;
-        let x = Tensor::cat(&[&es, &eu], 0)?;
+        let x = if self.opts.faults.surface_last {
+            Tensor::cat(&[&eu, &es], 0)?
+        } else {
+            Tensor::cat(&[&es, &eu], 0)?
+        };
         self.mark("embed_concat")?;
         Ok(x)
     }
@@ -268,6 +295,7 @@ impl Pangu {
         let (h, hp, w, h1, w1) = (g.lat, g.lat_padded, g.lon, g.h1, g.w1);
         let fd = self.field_dtype();
         let plane = h1 * w1;
+        let top = usize::from(self.opts.faults.crop_late);
         let ys = self.linear(&x.narrow(0, 0, plane)?, &self.recover_surface)?;
         let yu = self.linear(&x.narrow(0, plane, 7 * plane)?, &self.recover_upper)?;
         self.mark("recover_gemm")?;
@@ -277,7 +305,7 @@ impl Pangu {
             .reshape((h1, w1, 4, 4, 4))?
             .permute((2, 0, 3, 1, 4))?
             .reshape((4, hp, w))?
-            .narrow(1, 0, h)?;
+            .narrow(1, top, h)?;
         // [z, y, x, c, dz, dy, dx] -> [c, z, dz, y, dy, x, dx].
         let yu = yu
             .to_dtype(fd)?
@@ -285,7 +313,7 @@ impl Pangu {
             .permute(vec![3, 0, 4, 1, 5, 2, 6])?
             .reshape((5, 14, hp, w))?
             .narrow(1, 0, 13)?
-            .narrow(2, 0, h)?;
+            .narrow(2, top, h)?;
         let yu = yu
             .broadcast_mul(&self.upper_std)?
             .broadcast_add(&self.upper_mean)?

@@ -201,11 +201,11 @@ fn wrong_wiring_fails_the_comparison() {
     for faults in [
         Faults {
             swap_skip: true,
-            no_shift: false,
+            ..Faults::default()
         },
         Faults {
-            swap_skip: false,
             no_shift: true,
+            ..Faults::default()
         },
     ] {
         let mut opts = Options::new(Build::Candle, DType::F64);

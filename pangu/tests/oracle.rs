@@ -1,13 +1,19 @@
-//! An f64 oracle of the Pangu stage in either block order, written token
-//! by token from the definitions (the slice regions of Swin's mask, along
-//! level and latitude only when longitude wraps; the pseudocode's position
-//! index; LayerNorm with its affine; exact GELU), sharing no code with the
-//! crate's window planner or candle path.
+//! An f64 oracle of the Pangu network, written token by token from the
+//! definitions and sharing no code with the crate's window planner or
+//! candle path: the stage in either block order (the slice regions of
+//! Swin's mask, along level and latitude only when longitude wraps; the
+//! pseudocode's position index; LayerNorm with its affine; exact GELU),
+//! the downsample and upsample, the trunk composed of them, and the patch
+//! embedding and recovery with the normalisation.
 #![allow(dead_code)]
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
+use pangu::config::{Depths, Geometry};
+use pangu::stage::config::{SHIFT, WINDOW};
 use pangu::stage::{BlockOrder, MaskAxes, StageConfig};
+use pangu::weights::Weights;
 use std::collections::HashMap;
+use wavefuse_shared::window::Grid3;
 
 /// A weight from the file layout as f64, row-major.
 pub fn w64(t: &HashMap<String, Tensor>, name: &str) -> Vec<f64> {
@@ -297,6 +303,232 @@ pub fn upsample(
         }
     }
     out
+}
+
+/// Layer `l`'s blocks by the stage oracle: the weights renamed to the
+/// stage's layout, `x` the layer's input.
+fn layer(w: &Weights, depths: Depths, l: usize, g: &Geometry, x: &[f64]) -> Vec<f64> {
+    let (blocks, dim) = depths.layers()[l];
+    let (h, wd) = if dim == 192 {
+        (g.h1, g.w1)
+    } else {
+        (g.h2, g.w2)
+    };
+    let cfg = StageConfig {
+        grid: Grid3 { z: 8, h, w: wd },
+        dim,
+        heads: dim / 32,
+        window: WINDOW,
+        shift: SHIFT,
+        order: w.meta.order,
+        mask: match w.meta.order {
+            BlockOrder::Post => MaskAxes::LevelLatitude,
+            BlockOrder::Pre => MaskAxes::All,
+        },
+    };
+    let mut t: HashMap<String, Tensor> = HashMap::new();
+    t.insert(
+        "x".into(),
+        Tensor::from_slice(x, (8, h, wd, dim), &Device::Cpu).unwrap(),
+    );
+    for j in 0..blocks {
+        for (stage_name, file_name) in [
+            ("norm1.weight", "norm1.weight"),
+            ("norm1.bias", "norm1.bias"),
+            ("qkv.weight", "attn.qkv.weight"),
+            ("qkv.bias", "attn.qkv.bias"),
+            ("earth_bias", "attn.earth_specific_bias"),
+            ("proj.weight", "attn.proj.weight"),
+            ("proj.bias", "attn.proj.bias"),
+            ("norm2.weight", "norm2.weight"),
+            ("norm2.bias", "norm2.bias"),
+            ("fc1.weight", "mlp.fc1.weight"),
+            ("fc1.bias", "mlp.fc1.bias"),
+            ("fc2.weight", "mlp.fc2.weight"),
+            ("fc2.bias", "mlp.fc2.bias"),
+        ] {
+            let v = w
+                .get(&format!("layers.{l}.blocks.{j}.{file_name}"))
+                .unwrap()
+                .clone();
+            t.insert(format!("b{j}.{stage_name}"), v);
+        }
+    }
+    stage(&cfg, &t, blocks)
+}
+
+/// Weight `name` of `w` as f64, row-major.
+pub fn v(w: &Weights, name: &str) -> Vec<f64> {
+    w.get(name)
+        .and_then(|t| Ok(t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?))
+        .expect("weight as f64")
+}
+
+/// The trunk from its parts: layer 0, downsample, layers 1 and 2,
+/// upsample, layer 3, then the skip: layer 0's output first, 384 channels.
+pub fn trunk(w: &Weights, g: &Geometry, depths: Depths, x: &[f64]) -> Vec<f64> {
+    let s = Scales {
+        h1: g.h1,
+        w1: g.w1,
+        h2: g.h2,
+        w2: g.w2,
+    };
+    let x0 = layer(w, depths, 0, g, x);
+    let d = downsample(
+        &x0,
+        s,
+        &v(w, "downsample.norm.weight"),
+        &v(w, "downsample.norm.bias"),
+        &v(w, "downsample.reduction.weight"),
+    );
+    let d = layer(w, depths, 1, g, &d);
+    let d = layer(w, depths, 2, g, &d);
+    let u = upsample(
+        &d,
+        s,
+        &v(w, "upsample.linear1.weight"),
+        &v(w, "upsample.norm.weight"),
+        &v(w, "upsample.norm.bias"),
+        &v(w, "upsample.linear2.weight"),
+    );
+    let x3 = layer(w, depths, 3, g, &u);
+    x0.chunks(192)
+        .zip(x3.chunks(192))
+        .flat_map(|(a, b)| a.iter().chain(b).copied())
+        .collect()
+}
+
+/// The patch embedding from its definition, token by token: normalised
+/// fields, the constant maps and channel, zero padding past the last
+/// level and latitude, the convolutions' weights read by their 4-D / 5-D
+/// indices. Tokens `[8, h1, w1, 192]`, the surface slab first.
+pub fn embed(w: &Weights, g: &Geometry, upper: &[f64], surface: &[f64]) -> Vec<f64> {
+    let (h, wd, hp, h1, w1) = (g.lat, g.lon, g.lat_padded, g.h1, g.w1);
+    let (um, us) = (v(w, "upper_mean"), v(w, "upper_std"));
+    let (sm, ss) = (v(w, "surface_mean"), v(w, "surface_std"));
+    let (uc, sc) = (v(w, "upper_constants"), v(w, "surface_constants"));
+    let (wu, bu) = (
+        v(w, "patch_embed.conv.weight"),
+        v(w, "patch_embed.conv.bias"),
+    );
+    let (wsf, bsf) = (
+        v(w, "patch_embed.conv_surface.weight"),
+        v(w, "patch_embed.conv_surface.bias"),
+    );
+    // Input channel c at (level, lat, lon) of the upper stack, 0 in the pad.
+    let up = |c: usize, l: usize, y: usize, x: usize| -> f64 {
+        if l >= 13 || y >= h {
+            0.0
+        } else if c < 5 {
+            (upper[((c * 13 + l) * h + y) * wd + x] - um[c * 13 + l]) / us[c * 13 + l]
+        } else {
+            uc[(l * h + y) * wd + x]
+        }
+    };
+    // Surface channel c: 4 normalised fields (0 past H), then 3 maps [3, Hp, W].
+    let sf = |c: usize, y: usize, x: usize| -> f64 {
+        if c < 4 {
+            if y >= h {
+                0.0
+            } else {
+                (surface[(c * h + y) * wd + x] - sm[c]) / ss[c]
+            }
+        } else {
+            sc[((c - 4) * hp + y) * wd + x]
+        }
+    };
+    let mut out = Vec::with_capacity(8 * h1 * w1 * 192);
+    for z in 0..8 {
+        for i in 0..h1 {
+            for j in 0..w1 {
+                for o in 0..192 {
+                    let mut acc = if z == 0 { bsf[o] } else { bu[o] };
+                    for dy in 0..4 {
+                        for dx in 0..4 {
+                            let (y, x) = (4 * i + dy, 4 * j + dx);
+                            if z == 0 {
+                                for c in 0..7 {
+                                    acc += wsf[((o * 7 + c) * 4 + dy) * 4 + dx] * sf(c, y, x);
+                                }
+                            } else {
+                                for c in 0..6 {
+                                    for dz in 0..2 {
+                                        let k = (((o * 6 + c) * 2 + dz) * 4 + dy) * 4 + dx;
+                                        acc += wu[k] * up(c, 2 * (z - 1) + dz, y, x);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    out.push(acc);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The patch recovery from its definition, output point by output point:
+/// the transposed convolutions (weights `[384, C, (2,) 4, 4]`, a bias per
+/// output channel) on slabs 1..8 and 0, the crop to 13 levels and `H`
+/// latitudes, then de-normalisation. Returns (upper `[5, 13, H, W]`,
+/// surface `[4, H, W]`).
+pub fn recover(w: &Weights, g: &Geometry, x: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let (h, wd, h1, w1) = (g.lat, g.lon, g.h1, g.w1);
+    let (um, us) = (v(w, "upper_mean"), v(w, "upper_std"));
+    let (sm, ss) = (v(w, "surface_mean"), v(w, "surface_std"));
+    let (wu, bu) = (
+        v(w, "patch_recovery.conv.weight"),
+        v(w, "patch_recovery.conv.bias"),
+    );
+    let (wsf, bsf) = (
+        v(w, "patch_recovery.conv_surface.weight"),
+        v(w, "patch_recovery.conv_surface.bias"),
+    );
+    let token = |z: usize, y: usize, xx: usize| &x[((z * h1 + y / 4) * w1 + xx / 4) * 384..][..384];
+    let mut upper = Vec::with_capacity(5 * 13 * h * wd);
+    for c in 0..5 {
+        for l in 0..13 {
+            for y in 0..h {
+                for xx in 0..wd {
+                    let t = token(1 + l / 2, y, xx);
+                    let (dz, dy, dx) = (l % 2, y % 4, xx % 4);
+                    let mut acc = bu[c];
+                    for (i, ti) in t.iter().enumerate() {
+                        acc += ti * wu[(((i * 5 + c) * 2 + dz) * 4 + dy) * 4 + dx];
+                    }
+                    upper.push(acc * us[c * 13 + l] + um[c * 13 + l]);
+                }
+            }
+        }
+    }
+    let mut surface = Vec::with_capacity(4 * h * wd);
+    for c in 0..4 {
+        for y in 0..h {
+            for xx in 0..wd {
+                let t = token(0, y, xx);
+                let mut acc = bsf[c];
+                for (i, ti) in t.iter().enumerate() {
+                    acc += ti * wsf[((i * 4 + c) * 4 + y % 4) * 4 + xx % 4];
+                }
+                surface.push(acc * ss[c] + sm[c]);
+            }
+        }
+    }
+    (upper, surface)
+}
+
+/// One forecast step of the whole network.
+pub fn network(
+    w: &Weights,
+    g: &Geometry,
+    depths: Depths,
+    upper: &[f64],
+    surface: &[f64],
+) -> (Vec<f64>, Vec<f64>) {
+    let x = embed(w, g, upper, surface);
+    let skip = trunk(w, g, depths, &x);
+    recover(w, g, &skip)
 }
 
 /// Max and RMS of `got - want`.

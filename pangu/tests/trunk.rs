@@ -10,12 +10,9 @@ mod oracle;
 use candle_core::{DType, Device, Tensor};
 use pangu::config::{BlockOrder, Depths, Geometry};
 use pangu::model::{Build, Faults, Options};
-use pangu::stage::config::{SHIFT, WINDOW};
-use pangu::stage::{MaskAxes, StageConfig, WavefuseOps};
+use pangu::stage::WavefuseOps;
 use pangu::trunk::Trunk;
 use pangu::weights::{self, Meta, Weights};
-use std::collections::HashMap;
-use wavefuse_shared::window::Grid3;
 
 const LAT: usize = 25;
 const LON: usize = 96;
@@ -44,91 +41,6 @@ fn f64s(t: &Tensor) -> Vec<f64> {
         .unwrap()
         .to_vec1()
         .unwrap()
-}
-
-/// Layer `l`'s blocks by the stage oracle: the weights renamed to the
-/// stage's layout, `x` the layer's input.
-fn layer_oracle(w: &Weights, l: usize, g: &Geometry, x: &[f64]) -> Vec<f64> {
-    let (blocks, dim) = DEPTHS.layers()[l];
-    let (h, wd) = if dim == 192 {
-        (g.h1, g.w1)
-    } else {
-        (g.h2, g.w2)
-    };
-    let cfg = StageConfig {
-        grid: Grid3 { z: 8, h, w: wd },
-        dim,
-        heads: dim / 32,
-        window: WINDOW,
-        shift: SHIFT,
-        order: BlockOrder::Post,
-        mask: MaskAxes::LevelLatitude,
-    };
-    let mut t: HashMap<String, Tensor> = HashMap::new();
-    t.insert(
-        "x".into(),
-        Tensor::from_slice(x, (8, h, wd, dim), &Device::Cpu).unwrap(),
-    );
-    for j in 0..blocks {
-        for (stage_name, file_name) in [
-            ("norm1.weight", "norm1.weight"),
-            ("norm1.bias", "norm1.bias"),
-            ("qkv.weight", "attn.qkv.weight"),
-            ("qkv.bias", "attn.qkv.bias"),
-            ("earth_bias", "attn.earth_specific_bias"),
-            ("proj.weight", "attn.proj.weight"),
-            ("proj.bias", "attn.proj.bias"),
-            ("norm2.weight", "norm2.weight"),
-            ("norm2.bias", "norm2.bias"),
-            ("fc1.weight", "mlp.fc1.weight"),
-            ("fc1.bias", "mlp.fc1.bias"),
-            ("fc2.weight", "mlp.fc2.weight"),
-            ("fc2.bias", "mlp.fc2.bias"),
-        ] {
-            let v = w
-                .get(&format!("layers.{l}.blocks.{j}.{file_name}"))
-                .unwrap()
-                .clone();
-            t.insert(format!("b{j}.{stage_name}"), v);
-        }
-    }
-    oracle::stage(&cfg, &t, blocks)
-}
-
-fn v(w: &Weights, name: &str) -> Vec<f64> {
-    f64s(w.get(name).unwrap())
-}
-
-fn trunk_oracle(w: &Weights, g: &Geometry, x: &[f64]) -> Vec<f64> {
-    let s = oracle::Scales {
-        h1: g.h1,
-        w1: g.w1,
-        h2: g.h2,
-        w2: g.w2,
-    };
-    let x0 = layer_oracle(w, 0, g, x);
-    let d = oracle::downsample(
-        &x0,
-        s,
-        &v(w, "downsample.norm.weight"),
-        &v(w, "downsample.norm.bias"),
-        &v(w, "downsample.reduction.weight"),
-    );
-    let d = layer_oracle(w, 1, g, &d);
-    let d = layer_oracle(w, 2, g, &d);
-    let u = oracle::upsample(
-        &d,
-        s,
-        &v(w, "upsample.linear1.weight"),
-        &v(w, "upsample.norm.weight"),
-        &v(w, "upsample.norm.bias"),
-        &v(w, "upsample.linear2.weight"),
-    );
-    let x3 = layer_oracle(w, 3, g, &u);
-    x0.chunks(192)
-        .zip(x3.chunks(192))
-        .flat_map(|(a, b)| a.iter().chain(b).copied())
-        .collect()
 }
 
 fn run(w: &Weights, g: &Geometry, x: &[f64], opts: Options) -> Vec<f64> {
@@ -163,7 +75,7 @@ fn reduced_depth_trunk_matches_f64_oracle() {
     for (wseed, xseed) in [(3u64, 17u64), (4, 18)] {
         let w = weights(&g, wseed);
         let x = tokens(g.n1() * 192, xseed);
-        let want = trunk_oracle(&w, &g, &x);
+        let want = oracle::trunk(&w, &g, DEPTHS, &x);
         assert_eq!(want.len(), g.n1() * 384);
         let out_rms = (want.iter().map(|v| v * v).sum::<f64>() / want.len() as f64).sqrt();
         let f32 = oracle::errors(
@@ -189,7 +101,7 @@ fn reduced_depth_trunk_matches_f64_oracle() {
         let mut swapped = Options::new(Build::Candle, DType::F32);
         swapped.faults = Faults {
             swap_skip: true,
-            no_shift: false,
+            ..Faults::default()
         };
         let bad = oracle::errors(&run(&w, &g, &x, swapped), &want);
         assert!(
