@@ -13,8 +13,22 @@ pub const UPPER_VARS: [&str; 5] = ["Z", "Q", "T", "U", "V"];
 /// Surface variables in file order.
 pub const SURFACE_VARS: [&str; 4] = ["MSLP", "U10", "V10", "T2M"];
 
-/// Channels of the four layers (first scale, second, second, first).
-pub const DIMS: [usize; 4] = [192, 384, 384, 192];
+/// Channels of the first scale in the released model (the second scale
+/// has twice as many).
+pub const RELEASED_WIDTH: usize = 192;
+
+/// Checks a first-scale width: a positive multiple of the head dimension,
+/// 32 (the released model's 192; the candle build also runs smaller ones
+/// such as 32 or 64, for small fixtures).
+pub fn check_width(width: usize) -> Result<usize> {
+    if width == 0 || !width.is_multiple_of(32) {
+        return Err(Error::invalid(
+            "width",
+            format!("{width}: expected a positive multiple of 32 (the head dimension), e.g. 192"),
+        ));
+    }
+    Ok(width)
+}
 
 /// Blocks of the four layers. Block `j` of a layer is shifted when `j` is
 /// odd.
@@ -43,10 +57,11 @@ impl Depths {
         Ok(Depths(d))
     }
 
-    /// `(blocks, channels)` of each layer.
-    pub fn layers(self) -> [(usize, usize); 4] {
+    /// `(blocks, channels)` of each layer for a first-scale `width`:
+    /// `width` at the first scale (layers 0 and 3), `2 width` at the second.
+    pub fn layers(self, width: usize) -> [(usize, usize); 4] {
         let [a, b, c, d] = self.0;
-        [(a, DIMS[0]), (b, DIMS[1]), (c, DIMS[2]), (d, DIMS[3])]
+        [(a, width), (b, 2 * width), (c, 2 * width), (d, width)]
     }
 
     /// `2,6,6,2` (the metadata's form).

@@ -43,6 +43,8 @@ pub fn merge_table(g: &Geometry) -> Vec<i32> {
 #[derive(Debug)]
 pub struct Downsample {
     geom: Geometry,
+    /// First-scale channels `C`.
+    width: usize,
     build: Build,
     norm: Affine,
     reduction: Lin,
@@ -51,10 +53,11 @@ pub struct Downsample {
 }
 
 impl Downsample {
-    /// From `norm` (768 channels) and the reduction's weight `[384, 768]`,
-    /// both in the network's dtype on `device`.
+    /// From `norm` (`4 C` channels) and the reduction's weight `[2 C,
+    /// 4 C]`, both in the network's dtype on `device`; `width` is `C`.
     pub fn new(
         geom: Geometry,
+        width: usize,
         build: Build,
         norm: Affine,
         reduction: Tensor,
@@ -66,6 +69,7 @@ impl Downsample {
         };
         Ok(Downsample {
             geom,
+            width,
             build,
             norm,
             reduction: Lin::no_bias(reduction),
@@ -73,19 +77,19 @@ impl Downsample {
         })
     }
 
-    /// First-scale tokens `[8 h1 w1, 192]` -> second-scale tokens `[8 h2
-    /// w2, 384]`. `ops` marks the steps.
+    /// First-scale tokens `[8 h1 w1, C]` -> second-scale tokens `[8 h2
+    /// w2, 2 C]`. `ops` marks the steps.
     pub fn forward(&self, x: &Tensor, ops: &dyn StageOps) -> Result<Tensor> {
-        let g = &self.geom;
+        let (g, c) = (&self.geom, self.width);
         let m = match &self.merge {
-            Some(merge) => wavefuse_candle::gather(x, merge)?.reshape((g.n2(), 768))?,
+            Some(merge) => wavefuse_candle::gather(x, merge)?.reshape((g.n2(), 4 * c))?,
             None => x
-                .reshape((SLABS, g.h1, g.w1, 192))?
+                .reshape((SLABS, g.h1, g.w1, c))?
                 .pad_with_zeros(1, 0, 2 * g.h2 - g.h1)?
-                .reshape((SLABS, g.h2, 2, g.w2, 2 * 192))?
+                .reshape((SLABS, g.h2, 2, g.w2, 2 * c))?
                 .permute((0, 1, 3, 2, 4))?
                 .contiguous()?
-                .reshape((g.n2(), 768))?,
+                .reshape((g.n2(), 4 * c))?,
         };
         ops.mark("merge")?;
         let m = layer_norm(self.build, &m, &self.norm)?;

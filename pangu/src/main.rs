@@ -9,7 +9,7 @@
 use candle_core::{DType, Device, Tensor};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use pangu::config::{BlockOrder, Depths, Geometry};
+use pangu::config::{self, BlockOrder, Depths, Geometry};
 use pangu::error::{Error, Result};
 use pangu::fields::{self, Field, Kind};
 use pangu::forecast;
@@ -68,6 +68,10 @@ enum Cmd {
         /// quick checks).
         #[arg(long, default_value = "2,6,6,2")]
         depths: String,
+        /// Channels of the first scale (the released model's 192; the
+        /// candle build also runs smaller multiples of 32).
+        #[arg(long, default_value_t = 192)]
+        width: usize,
         /// Also write input_upper.npy and input_surface.npy here.
         #[arg(long)]
         inputs: Option<PathBuf>,
@@ -139,6 +143,7 @@ fn main() {
             seed,
             interval,
             depths,
+            width,
             inputs,
         } => init(
             &out,
@@ -148,6 +153,7 @@ fn main() {
             seed,
             interval,
             &depths,
+            width,
             inputs.as_deref(),
         ),
         Cmd::Forecast {
@@ -204,23 +210,26 @@ fn init(
     seed: u64,
     interval: u32,
     depths: &str,
+    width: usize,
     inputs: Option<&Path>,
 ) -> Result<()> {
     let g = Geometry::new(lat, lon)?;
     let order = BlockOrder::parse(order)?;
     let depths = Depths::parse(depths)?;
+    let width = config::check_width(width)?;
     let t = Instant::now();
-    let tensors = weights::seeded_tensors(&g, depths, seed);
     let meta = Meta {
         order,
         interval_hours: Some(interval),
         grid: Some((lat, lon)),
         depths,
+        width,
     };
+    let tensors = weights::seeded_tensors(&g, &meta, seed);
     weights::write_file(out, &tensors, &meta)?;
     let n: usize = tensors.iter().map(|(_, _, v)| v.len()).sum();
     println!(
-        "{}: {} tensors, {n} values, {} order, {interval}h, {lat} x {lon}, seed {seed} ({:.1} s)",
+        "{}: {} tensors, {n} values, {} order, {interval}h, {lat} x {lon}, width {width}, seed {seed} ({:.1} s)",
         out.display(),
         tensors.len(),
         order.name(),

@@ -119,6 +119,7 @@ impl Pangu {
         }
         let fd = field_dtype(dtype);
         let g = geom;
+        let c = w.meta.width;
         let levels = |name: &str| -> Result<Tensor> {
             let t = w.get(name)?.reshape((5, 13))?;
             let t = if opts.faults.levels_reversed {
@@ -168,11 +169,11 @@ impl Pangu {
             surface_std: fld(&w.get("surface_std")?.reshape((4, 1, 1))?)?,
             surface_constants: fld(w.get("surface_constants")?)?,
             upper_constants: fld(&w.get("upper_constants")?.unsqueeze(0)?)?,
-            embed_upper: lin("patch_embed.conv", 192, 192, false)?,
-            embed_surface: lin("patch_embed.conv_surface", 192, 112, false)?,
+            embed_upper: lin("patch_embed.conv", c, 192, false)?,
+            embed_surface: lin("patch_embed.conv_surface", c, 112, false)?,
             trunk: Trunk::load(w, g, device, opts)?,
-            recover_upper: lin("patch_recovery.conv", 160, 384, true)?,
-            recover_surface: lin("patch_recovery.conv_surface", 64, 384, true)?,
+            recover_upper: lin("patch_recovery.conv", 160, 2 * c, true)?,
+            recover_surface: lin("patch_recovery.conv_surface", 64, 2 * c, true)?,
             wf: WavefuseOps::new(),
         })
     }
@@ -241,8 +242,8 @@ impl Pangu {
         Ok(())
     }
 
-    /// Normalised fields -> first-scale tokens `[8 h1 w1, 192]`, the
-    /// surface slab first.
+    /// Normalised fields -> first-scale tokens `[8 h1 w1, C]`, the
+    /// surface slab first (192 upper-air and 112 surface patch features).
     fn embed(&self, upper: &Tensor, surface: &Tensor) -> Result<Tensor> {
         let g = &self.geom;
         let (h, hp, h1, w1) = (g.lat, g.lat_padded, g.h1, g.w1);
@@ -289,7 +290,7 @@ impl Pangu {
         Ok(x)
     }
 
-    /// Tokens `[8 h1 w1, 384]` -> normalised fields.
+    /// Tokens `[8 h1 w1, 2 C]` -> de-normalised fields.
     fn recover(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         let g = &self.geom;
         let (h, hp, w, h1, w1) = (g.lat, g.lat_padded, g.lon, g.h1, g.w1);

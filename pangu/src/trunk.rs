@@ -1,11 +1,11 @@
-//! The trunk: first-scale tokens `[8 h1 w1, 192]` to the 384 channels the
-//! patch recovery reads. Layer 0 (first scale), downsample, layers 1 and 2
+//! The trunk: first-scale tokens `[8 h1 w1, C]` to the `2 C` channels the
+//! patch recovery reads (`C` = 192 in the released model). Layer 0 (first scale), downsample, layers 1 and 2
 //! (second scale), upsample, layer 3 (first scale), then the skip: layer
 //! 0's output and layer 3's output concatenated along channels, layer 0's
 //! first. Each layer is blocks in the weight file's order (post- or
 //! pre-norm), block `j` shifted when `j` is odd, on windowings built once
 //! per (grid, shift) and shared by every block that runs on them.
-use crate::config::{BlockOrder, Geometry, SLABS};
+use crate::config::{BlockOrder, Geometry, RELEASED_WIDTH, SLABS};
 use crate::downsample::Downsample;
 use crate::error::{Error, Result};
 use crate::model::{Build, Options};
@@ -45,8 +45,11 @@ pub struct Trunk {
     layers: Vec<Layer>,
     down: Downsample,
     up: Upsample,
-    ops192: CandleOps,
-    ops384: CandleOps,
+    /// Channels of the first scale (the second has twice as many).
+    width: usize,
+    /// candle's ops at the first and second scale's width.
+    ops1: CandleOps,
+    ops2: CandleOps,
 }
 
 impl Trunk {
@@ -56,6 +59,17 @@ impl Trunk {
     pub fn load(w: &Weights, geom: Geometry, device: &Device, opts: Options) -> Result<Trunk> {
         let dtype = opts.dtype;
         let g = geom;
+        let width = w.meta.width;
+        if opts.build == Build::Wavefuse && width != RELEASED_WIDTH {
+            return Err(Error::invalid(
+                "width",
+                format!(
+                    "{}: the wavefuse build runs the released widths, {RELEASED_WIDTH} and {} channels; this file is {width} wide (use the candle build)",
+                    w.file,
+                    2 * RELEASED_WIDTH
+                ),
+            ));
+        }
         let act = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(dtype)?.to_device(device)?) };
         let affine = |name: &str| -> Result<Affine> {
             Ok(Affine::new(
@@ -77,8 +91,8 @@ impl Trunk {
             ]);
         }
         let mut layers = Vec::with_capacity(4);
-        for (l, &(n_blocks, dim)) in w.meta.depths.layers().iter().enumerate() {
-            let scale = usize::from(dim != 192);
+        for (l, &(n_blocks, dim)) in w.meta.depths.layers(width).iter().enumerate() {
+            let scale = usize::from(dim != width);
             let win = &windowings[scale];
             let mut blocks = Vec::with_capacity(n_blocks);
             for j in 0..n_blocks {
@@ -94,6 +108,7 @@ impl Trunk {
         }
         let down = Downsample::new(
             g,
+            width,
             opts.build,
             affine("downsample.norm")?,
             act(w.get("downsample.reduction.weight")?)?,
@@ -101,6 +116,7 @@ impl Trunk {
         )?;
         let up = Upsample::new(
             g,
+            width,
             opts.build,
             act(w.get("upsample.linear1.weight")?)?,
             affine("upsample.norm")?,
@@ -114,12 +130,13 @@ impl Trunk {
             layers,
             down,
             up,
-            ops192: CandleOps::new(192, dtype, device)?,
-            ops384: CandleOps::new(384, dtype, device)?,
+            width,
+            ops1: CandleOps::new(width, dtype, device)?,
+            ops2: CandleOps::new(2 * width, dtype, device)?,
         })
     }
 
-    /// First-scale tokens `[8 h1 w1, 192]` -> `[8 h1 w1, 384]`. `wf` is the
+    /// First-scale tokens `[8 h1 w1, C]` -> `[8 h1 w1, 2 C]`. `wf` is the
     /// wavefuse build's ops (and the step timer of both builds).
     pub fn forward(&self, x: &Tensor, wf: &WavefuseOps) -> Result<Tensor> {
         let x0 = self.layer(0, x.clone(), wf)?;
@@ -138,10 +155,10 @@ impl Trunk {
     }
 
     fn ops<'a>(&'a self, dim: usize, wf: &'a WavefuseOps) -> &'a dyn StageOps {
-        match (self.opts.build, dim) {
-            (Build::Wavefuse, _) => wf,
-            (Build::Candle, 192) => &self.ops192,
-            (Build::Candle, _) => &self.ops384,
+        match self.opts.build {
+            Build::Wavefuse => wf,
+            Build::Candle if dim == self.width => &self.ops1,
+            Build::Candle => &self.ops2,
         }
     }
 

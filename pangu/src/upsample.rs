@@ -33,6 +33,8 @@ pub fn split_table(g: &Geometry) -> Vec<i32> {
 #[derive(Debug)]
 pub struct Upsample {
     geom: Geometry,
+    /// First-scale channels `C`.
+    width: usize,
     build: Build,
     linear1: Lin,
     norm: Affine,
@@ -43,10 +45,11 @@ pub struct Upsample {
 }
 
 impl Upsample {
-    /// From `linear1` `[768, 384]`, `norm` (192 channels) and `linear2`
-    /// `[192, 192]`, in the network's dtype on `device`.
+    /// From `linear1` `[4 C, 2 C]`, `norm` (`C` channels) and `linear2`
+    /// `[C, C]`, in the network's dtype on `device`; `width` is `C`.
     pub fn new(
         geom: Geometry,
+        width: usize,
         build: Build,
         linear1: Tensor,
         norm: Affine,
@@ -59,6 +62,7 @@ impl Upsample {
         };
         Ok(Upsample {
             geom,
+            width,
             build,
             linear1: Lin::no_bias(linear1),
             norm,
@@ -67,27 +71,27 @@ impl Upsample {
         })
     }
 
-    /// Second-scale tokens `[8 h2 w2, 384]` -> first-scale tokens `[8 h1
-    /// w1, 192]`. `ops` marks the steps.
+    /// Second-scale tokens `[8 h2 w2, 2 C]` -> first-scale tokens `[8 h1
+    /// w1, C]`. `ops` marks the steps.
     pub fn forward(&self, x: &Tensor, ops: &dyn StageOps) -> Result<Tensor> {
-        let g = &self.geom;
+        let (g, c) = (&self.geom, self.width);
         let y = self.linear1.forward(self.build, x)?;
         ops.mark("split_gemm")?;
         let y = match &self.split {
             Some(split) => wavefuse_candle::layer_norm_gather(
-                &y.reshape((g.n2() * 4, 192))?,
+                &y.reshape((g.n2() * 4, c))?,
                 split,
                 Some(&self.norm.packed),
                 LN_EPS,
             )?,
             None => {
                 let y = y
-                    .reshape((SLABS, g.h2, g.w2, 2, 2 * 192))?
+                    .reshape((SLABS, g.h2, g.w2, 2, 2 * c))?
                     .permute((0, 1, 3, 2, 4))?
-                    .reshape((SLABS, 2 * g.h2, g.w1, 192))?
+                    .reshape((SLABS, 2 * g.h2, g.w1, c))?
                     .narrow(1, 0, g.h1)?
                     .contiguous()?
-                    .reshape((g.n1(), 192))?;
+                    .reshape((g.n1(), c))?;
                 layer_norm(self.build, &y, &self.norm)?
             }
         };

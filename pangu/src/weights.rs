@@ -1,7 +1,7 @@
 //! The weight file (`MODEL.md`): the names and shapes the network needs,
 //! reading and checking a safetensors file before anything is built, and
 //! the seeded weights shared with the PyTorch reference.
-use crate::config::{BlockOrder, Depths, Geometry, LEVELS};
+use crate::config::{BlockOrder, Depths, Geometry, LEVELS, RELEASED_WIDTH, check_width};
 use crate::error::{Error, Result};
 use crate::seeded;
 use crate::stage::tables::bias_table_rows;
@@ -46,9 +46,10 @@ pub fn window_types(h: usize) -> usize {
     4 * h.div_ceil(WINDOW.h)
 }
 
-/// Every tensor of the weight file for `g` and `depths`, in `state_dict`
-/// order.
-pub fn entries(g: &Geometry, depths: Depths) -> Vec<Entry> {
+/// Every tensor of the weight file for `g`, `depths` and the first-scale
+/// `width`, in `state_dict` order.
+pub fn entries(g: &Geometry, depths: Depths, width: usize) -> Vec<Entry> {
+    let (c1, c2) = (width, 2 * width);
     let mut v = Vec::new();
     let mut push =
         |name: String, shape: Vec<usize>, init: Init| v.push(Entry { name, shape, init });
@@ -75,18 +76,18 @@ pub fn entries(g: &Geometry, depths: Depths) -> Vec<Entry> {
     );
     push(
         "patch_embed.conv.weight".into(),
-        vec![192, 6, 2, 4, 4],
+        vec![c1, 6, 2, 4, 4],
         lin(192),
     );
-    push("patch_embed.conv.bias".into(), vec![192], bias);
+    push("patch_embed.conv.bias".into(), vec![c1], bias);
     push(
         "patch_embed.conv_surface.weight".into(),
-        vec![192, 7, 4, 4],
+        vec![c1, 7, 4, 4],
         lin(112),
     );
-    push("patch_embed.conv_surface.bias".into(), vec![192], bias);
-    for (l, &(blocks, c)) in depths.layers().iter().enumerate() {
-        let h = if c == 192 { g.h1 } else { g.h2 };
+    push("patch_embed.conv_surface.bias".into(), vec![c1], bias);
+    for (l, &(blocks, c)) in depths.layers(width).iter().enumerate() {
+        let h = if c == c1 { g.h1 } else { g.h2 };
         let (types, heads) = (window_types(h), c / 32);
         for j in 0..blocks {
             let p = |s: &str| format!("layers.{l}.blocks.{j}.{s}");
@@ -109,31 +110,31 @@ pub fn entries(g: &Geometry, depths: Depths) -> Vec<Entry> {
             push(p("mlp.fc2.bias"), vec![c], bias);
         }
         if l == 0 {
-            push("downsample.norm.weight".into(), vec![768], u(1.0, 0.2));
-            push("downsample.norm.bias".into(), vec![768], u(0.0, 0.1));
+            push("downsample.norm.weight".into(), vec![4 * c1], u(1.0, 0.2));
+            push("downsample.norm.bias".into(), vec![4 * c1], u(0.0, 0.1));
             push(
                 "downsample.reduction.weight".into(),
-                vec![384, 768],
-                lin(768),
+                vec![c2, 4 * c1],
+                lin(4 * c1),
             );
         }
         if l == 2 {
-            push("upsample.linear1.weight".into(), vec![768, 384], lin(384));
-            push("upsample.norm.weight".into(), vec![192], u(1.0, 0.2));
-            push("upsample.norm.bias".into(), vec![192], u(0.0, 0.1));
-            push("upsample.linear2.weight".into(), vec![192, 192], lin(192));
+            push("upsample.linear1.weight".into(), vec![4 * c1, c2], lin(c2));
+            push("upsample.norm.weight".into(), vec![c1], u(1.0, 0.2));
+            push("upsample.norm.bias".into(), vec![c1], u(0.0, 0.1));
+            push("upsample.linear2.weight".into(), vec![c1, c1], lin(c1));
         }
     }
     push(
         "patch_recovery.conv.weight".into(),
-        vec![384, 5, 2, 4, 4],
-        lin(384),
+        vec![c2, 5, 2, 4, 4],
+        lin(c2),
     );
     push("patch_recovery.conv.bias".into(), vec![5], bias);
     push(
         "patch_recovery.conv_surface.weight".into(),
-        vec![384, 4, 4, 4],
-        lin(384),
+        vec![c2, 4, 4, 4],
+        lin(c2),
     );
     push("patch_recovery.conv_surface.bias".into(), vec![4], bias);
     v
@@ -218,6 +219,9 @@ pub struct Meta {
     /// Blocks per layer (`depths`, e.g. `2,6,6,2`; the released model's
     /// when absent).
     pub depths: Depths,
+    /// Channels of the first scale (`width`; the released model's 192
+    /// when absent).
+    pub width: usize,
 }
 
 impl Meta {
@@ -227,6 +231,7 @@ impl Meta {
         m.insert("format".into(), "pangu-weather".into());
         m.insert("block_order".into(), self.order.name().into());
         m.insert("depths".into(), self.depths.name());
+        m.insert("width".into(), self.width.to_string());
         if let Some(h) = self.interval_hours {
             m.insert("interval_hours".into(), h.to_string());
         }
@@ -280,13 +285,10 @@ pub fn write_file(
     std::fs::rename(&tmp, path).map_err(Error::io(path))
 }
 
-/// The seeded weight file's tensors for `g` and `depths`.
-pub fn seeded_tensors(
-    g: &Geometry,
-    depths: Depths,
-    seed: u64,
-) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    entries(g, depths)
+/// The seeded weight file's tensors for `g` and the architecture of
+/// `meta` (depths and width).
+pub fn seeded_tensors(g: &Geometry, meta: &Meta, seed: u64) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    entries(g, meta.depths, meta.width)
         .into_iter()
         .map(|e| {
             let v = seeded_values(&e, seed);
@@ -317,6 +319,7 @@ fn parse_meta(file: &str, m: Option<&HashMap<String, String>>) -> Result<Meta> {
             interval_hours: None,
             grid: None,
             depths: Depths::RELEASED,
+            width: RELEASED_WIDTH,
         });
     };
     if let Some(f) = m.get("format")
@@ -347,11 +350,16 @@ fn parse_meta(file: &str, m: Option<&HashMap<String, String>>) -> Result<Meta> {
         Some(s) => Depths::parse(s).map_err(|e| bad(format!("metadata: {e}")))?,
         None => Depths::RELEASED,
     };
+    let width = match num("width")? {
+        Some(w) => check_width(w).map_err(|e| bad(format!("metadata: {e}")))?,
+        None => RELEASED_WIDTH,
+    };
     Ok(Meta {
         order,
         interval_hours,
         grid,
         depths,
+        width,
     })
 }
 
@@ -383,7 +391,7 @@ impl Weights {
                 ),
             });
         }
-        let want = entries(g, meta.depths);
+        let want = entries(g, meta.depths, meta.width);
         let known: HashMap<&str, &Entry> = want.iter().map(|e| (e.name.as_str(), e)).collect();
         let mut unknown = Vec::new();
         for (name, view) in st.tensors() {
@@ -487,7 +495,7 @@ mod tests {
     fn official_grid_parameter_count() {
         let g = Geometry::new(721, 1440).unwrap();
         assert_eq!((g.h1, g.w1, g.h2, g.w2), (181, 360, 91, 180));
-        let e = entries(&g, Depths::RELEASED);
+        let e = entries(&g, Depths::RELEASED, RELEASED_WIDTH);
         let bias: Vec<&Entry> = e
             .iter()
             .filter(|e| e.name.ends_with("earth_specific_bias"))

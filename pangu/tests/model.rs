@@ -36,13 +36,9 @@ fn weights(order: BlockOrder) -> Weights {
         interval_hours: Some(24),
         grid: Some((LAT, LON)),
         depths: Depths::RELEASED,
+        width: 192,
     };
-    weights::write_file(
-        &path,
-        &weights::seeded_tensors(&g, Depths::RELEASED, SEED),
-        &meta,
-    )
-    .unwrap();
+    weights::write_file(&path, &weights::seeded_tensors(&g, &meta, SEED), &meta).unwrap();
     let w = Weights::read(&path, &g).unwrap();
     let _ = std::fs::remove_file(&path);
     w

@@ -1,4 +1,5 @@
-//! The whole network at a reduced grid and depth against the f64 oracle
+//! The whole network at a reduced grid and depth (and, in the candle
+//! build, a reduced width) against the f64 oracle
 //! (`oracle::network`: embedding and recovery written point by point from
 //! the convolutions' definitions, the trunk from the stage, downsample and
 //! upsample oracles), independent of the PyTorch fixture. The grid, 9 x 96,
@@ -31,12 +32,25 @@ struct Case {
     want: (Vec<f64>, Vec<f64>),
 }
 
-/// The weights, inputs and the oracle's output, computed once.
+/// The weights, inputs and the oracle's output at the released width,
+/// computed once.
 fn case() -> &'static Case {
     static CASE: OnceLock<Case> = OnceLock::new();
-    CASE.get_or_init(|| {
+    CASE.get_or_init(|| make_case(192))
+}
+
+/// The same at width 32 (one head at the first scale, two at the
+/// second), which only the candle build runs.
+fn narrow_case() -> &'static Case {
+    static CASE: OnceLock<Case> = OnceLock::new();
+    CASE.get_or_init(|| make_case(32))
+}
+
+fn make_case(width: usize) -> Case {
+    {
         let g = Geometry::new(LAT, LON).unwrap();
-        let dir = std::env::temp_dir().join(format!("pangu-network-test-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("pangu-network-test-{}-{width}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("w.safetensors");
         let meta = Meta {
@@ -44,8 +58,9 @@ fn case() -> &'static Case {
             interval_hours: Some(24),
             grid: Some((LAT, LON)),
             depths: DEPTHS,
+            width,
         };
-        weights::write_file(&path, &weights::seeded_tensors(&g, DEPTHS, SEED), &meta).unwrap();
+        weights::write_file(&path, &weights::seeded_tensors(&g, &meta, SEED), &meta).unwrap();
         let w = Weights::read(&path, &g).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let (upper, surface) = weights::seeded_inputs(&g, SEED + 1);
@@ -59,7 +74,7 @@ fn case() -> &'static Case {
             surface,
             want,
         }
-    })
+    }
 }
 
 fn run(c: &Case, opts: Options) -> (Vec<f64>, Vec<f64>) {
@@ -112,6 +127,31 @@ fn f32_network_matches_f64_oracle() {
         e.0, e.1
     );
     assert!(e.0 < F32_MAX, "candle f32 {e:?}");
+}
+
+#[test]
+fn narrow_f32_network_matches_f64_oracle() {
+    let c = narrow_case();
+    let e = channel_errors(c, &run(c, Options::new(Build::Candle, DType::F32)));
+    eprintln!(
+        "width 32, candle f32 vs f64 oracle: worst channel max {:.2e}, rms {:.2e}",
+        e.0, e.1
+    );
+    assert!(e.0 < F32_MAX, "candle f32 at width 32 {e:?}");
+    // The wavefuse build runs the released widths only, and says so
+    // before building anything.
+    let e = Pangu::load(
+        &c.w,
+        c.g,
+        &Device::Cpu,
+        Options::new(Build::Wavefuse, DType::F16),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("width") && e.contains("32") && e.contains("192"),
+        "{e}"
+    );
 }
 
 #[test]

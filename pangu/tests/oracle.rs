@@ -255,20 +255,21 @@ pub struct Scales {
 /// The downsample from its definition: coarse token `(z, i, j)` is the
 /// concatenation, in order `(dy, dx)` = (0,0), (0,1), (1,0), (1,1), of fine
 /// tokens `(z, 2i + dy, 2j + dx)` (zeros past the last latitude), then
-/// LayerNorm(768) with `gamma`, `beta`, then `W` `[384, 768]`.
+/// LayerNorm(4C) with `gamma`, `beta`, then `W` `[2C, 4C]` (`C` =
+/// `gamma.len() / 4`, 192 in the released model).
 pub fn downsample(x: &[f64], s: Scales, gamma: &[f64], beta: &[f64], w: &[f64]) -> Vec<f64> {
-    let mut out = Vec::with_capacity(8 * s.h2 * s.w2 * 384);
+    let c = gamma.len() / 4;
+    let mut out = Vec::with_capacity(8 * s.h2 * s.w2 * 2 * c);
     for z in 0..8 {
         for i in 0..s.h2 {
             for j in 0..s.w2 {
-                let mut v = vec![0.0; 768];
+                let mut v = vec![0.0; 4 * c];
                 for dy in 0..2 {
                     for dx in 0..2 {
                         let (y, xx) = (2 * i + dy, 2 * j + dx);
                         if y < s.h1 {
                             let t = (z * s.h1 + y) * s.w1 + xx;
-                            v[(2 * dy + dx) * 192..][..192]
-                                .copy_from_slice(&x[t * 192..(t + 1) * 192]);
+                            v[(2 * dy + dx) * c..][..c].copy_from_slice(&x[t * c..(t + 1) * c]);
                         }
                     }
                 }
@@ -279,10 +280,11 @@ pub fn downsample(x: &[f64], s: Scales, gamma: &[f64], beta: &[f64], w: &[f64]) 
     out
 }
 
-/// The upsample from its definition: `W1` `[768, 384]` per coarse token;
-/// fine token `(z, y, x)` is channels `((y % 2) * 2 + x % 2) * 192 ..` of
+/// The upsample from its definition: `W1` `[4C, 2C]` per coarse token;
+/// fine token `(z, y, x)` is channels `((y % 2) * 2 + x % 2) * C ..` of
 /// coarse token `(z, y / 2, x / 2)` for `y < h1` (the crop), then
-/// LayerNorm(192) with `gamma`, `beta`, then `W2` `[192, 192]`.
+/// LayerNorm(C) with `gamma`, `beta`, then `W2` `[C, C]` (`C` =
+/// `gamma.len()`).
 pub fn upsample(
     x: &[f64],
     s: Scales,
@@ -291,13 +293,14 @@ pub fn upsample(
     beta: &[f64],
     w2: &[f64],
 ) -> Vec<f64> {
-    let coarse: Vec<Vec<f64>> = x.chunks(384).map(|t| matvec(w1, t)).collect();
-    let mut out = Vec::with_capacity(8 * s.h1 * s.w1 * 192);
+    let c = gamma.len();
+    let coarse: Vec<Vec<f64>> = x.chunks(2 * c).map(|t| matvec(w1, t)).collect();
+    let mut out = Vec::with_capacity(8 * s.h1 * s.w1 * c);
     for z in 0..8 {
         for y in 0..s.h1 {
             for xx in 0..s.w1 {
                 let t = &coarse[(z * s.h2 + y / 2) * s.w2 + xx / 2];
-                let part = &t[((y % 2) * 2 + xx % 2) * 192..][..192];
+                let part = &t[((y % 2) * 2 + xx % 2) * c..][..c];
                 out.extend(matvec(w2, &layer_norm(part, gamma, beta)));
             }
         }
@@ -308,8 +311,8 @@ pub fn upsample(
 /// Layer `l`'s blocks by the stage oracle: the weights renamed to the
 /// stage's layout, `x` the layer's input.
 fn layer(w: &Weights, depths: Depths, l: usize, g: &Geometry, x: &[f64]) -> Vec<f64> {
-    let (blocks, dim) = depths.layers()[l];
-    let (h, wd) = if dim == 192 {
+    let (blocks, dim) = depths.layers(w.meta.width)[l];
+    let (h, wd) = if dim == w.meta.width {
         (g.h1, g.w1)
     } else {
         (g.h2, g.w2)
@@ -365,7 +368,8 @@ pub fn v(w: &Weights, name: &str) -> Vec<f64> {
 }
 
 /// The trunk from its parts: layer 0, downsample, layers 1 and 2,
-/// upsample, layer 3, then the skip: layer 0's output first, 384 channels.
+/// upsample, layer 3, then the skip: layer 0's output first, `2 C`
+/// channels.
 pub fn trunk(w: &Weights, g: &Geometry, depths: Depths, x: &[f64]) -> Vec<f64> {
     let s = Scales {
         h1: g.h1,
@@ -392,8 +396,9 @@ pub fn trunk(w: &Weights, g: &Geometry, depths: Depths, x: &[f64]) -> Vec<f64> {
         &v(w, "upsample.linear2.weight"),
     );
     let x3 = layer(w, depths, 3, g, &u);
-    x0.chunks(192)
-        .zip(x3.chunks(192))
+    let c = w.meta.width;
+    x0.chunks(c)
+        .zip(x3.chunks(c))
         .flat_map(|(a, b)| a.iter().chain(b).copied())
         .collect()
 }
@@ -401,7 +406,7 @@ pub fn trunk(w: &Weights, g: &Geometry, depths: Depths, x: &[f64]) -> Vec<f64> {
 /// The patch embedding from its definition, token by token: normalised
 /// fields, the constant maps and channel, zero padding past the last
 /// level and latitude, the convolutions' weights read by their 4-D / 5-D
-/// indices. Tokens `[8, h1, w1, 192]`, the surface slab first.
+/// indices. Tokens `[8, h1, w1, C]`, the surface slab first.
 pub fn embed(w: &Weights, g: &Geometry, upper: &[f64], surface: &[f64]) -> Vec<f64> {
     let (h, wd, hp, h1, w1) = (g.lat, g.lon, g.lat_padded, g.h1, g.w1);
     let (um, us) = (v(w, "upper_mean"), v(w, "upper_std"));
@@ -437,11 +442,12 @@ pub fn embed(w: &Weights, g: &Geometry, upper: &[f64], surface: &[f64]) -> Vec<f
             sc[((c - 4) * hp + y) * wd + x]
         }
     };
-    let mut out = Vec::with_capacity(8 * h1 * w1 * 192);
+    let c1 = bu.len();
+    let mut out = Vec::with_capacity(8 * h1 * w1 * c1);
     for z in 0..8 {
         for i in 0..h1 {
             for j in 0..w1 {
-                for o in 0..192 {
+                for o in 0..c1 {
                     let mut acc = if z == 0 { bsf[o] } else { bu[o] };
                     for dy in 0..4 {
                         for dx in 0..4 {
@@ -469,7 +475,7 @@ pub fn embed(w: &Weights, g: &Geometry, upper: &[f64], surface: &[f64]) -> Vec<f
 }
 
 /// The patch recovery from its definition, output point by output point:
-/// the transposed convolutions (weights `[384, C, (2,) 4, 4]`, a bias per
+/// the transposed convolutions (weights `[2C, V, (2,) 4, 4]`, a bias per
 /// output channel) on slabs 1..8 and 0, the crop to 13 levels and `H`
 /// latitudes, then de-normalisation. Returns (upper `[5, 13, H, W]`,
 /// surface `[4, H, W]`).
@@ -485,7 +491,8 @@ pub fn recover(w: &Weights, g: &Geometry, x: &[f64]) -> (Vec<f64>, Vec<f64>) {
         v(w, "patch_recovery.conv_surface.weight"),
         v(w, "patch_recovery.conv_surface.bias"),
     );
-    let token = |z: usize, y: usize, xx: usize| &x[((z * h1 + y / 4) * w1 + xx / 4) * 384..][..384];
+    let c2 = wsf.len() / 64;
+    let token = |z: usize, y: usize, xx: usize| &x[((z * h1 + y / 4) * w1 + xx / 4) * c2..][..c2];
     let mut upper = Vec::with_capacity(5 * 13 * h * wd);
     for c in 0..5 {
         for l in 0..13 {

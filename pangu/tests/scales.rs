@@ -89,7 +89,7 @@ fn down_run(c: &Down, g: &Geometry, build: Build, dtype: DType) -> Vec<f64> {
         tensor(&c.beta, &[768], dtype),
     )
     .unwrap();
-    let d = Downsample::new(*g, build, norm, tensor(&c.w, &[384, 768], dtype), &dev).unwrap();
+    let d = Downsample::new(*g, 192, build, norm, tensor(&c.w, &[384, 768], dtype), &dev).unwrap();
     let y = d
         .forward(&tensor(&c.x, &[g.n1(), 192], dtype), &WavefuseOps::new())
         .unwrap();
@@ -129,6 +129,7 @@ fn up_run(c: &Up, g: &Geometry, build: Build, dtype: DType) -> Vec<f64> {
     .unwrap();
     let u = Upsample::new(
         *g,
+        192,
         build,
         tensor(&c.w1, &[768, 384], dtype),
         norm,

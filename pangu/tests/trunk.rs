@@ -27,8 +27,9 @@ fn weights(g: &Geometry, seed: u64) -> Weights {
         interval_hours: Some(24),
         grid: Some((LAT, LON)),
         depths: DEPTHS,
+        width: 192,
     };
-    weights::write_file(&path, &weights::seeded_tensors(g, DEPTHS, seed), &meta).unwrap();
+    weights::write_file(&path, &weights::seeded_tensors(g, &meta, seed), &meta).unwrap();
     let w = Weights::read(&path, g).unwrap();
     let _ = std::fs::remove_file(&path);
     w
@@ -137,9 +138,11 @@ fn bad_layer_tensors_are_named() {
         interval_hours: Some(24),
         grid: Some((LAT, LON)),
         depths: DEPTHS,
+        width: 192,
     };
+    let base = meta.clone();
     let read_with = |edit: &dyn Fn(&mut Tensors), meta: &Meta| {
-        let mut t = weights::seeded_tensors(&g, DEPTHS, 1);
+        let mut t = weights::seeded_tensors(&g, &base, 1);
         edit(&mut t);
         let path = dir.join("bad.safetensors");
         weights::write_file(&path, &t, meta).unwrap();
