@@ -58,8 +58,10 @@ impl Kind {
     }
 }
 
-/// Reads an f32 field set from `path` (the argument `what`) and checks
-/// its shape, element type and values.
+/// Reads an f32 field set from `path` (the argument `what`) and checks,
+/// before anything is computed, its shape, element type, byte order,
+/// memory order, that the data is exactly as long as the shape says (no
+/// truncation, no trailing bytes) and that every value is finite.
 pub fn read(path: &Path, kind: Kind, what: &str) -> Result<Field> {
     let bytes = std::fs::read(path).map_err(Error::io(path))?;
     let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| Error::Format {
@@ -75,22 +77,55 @@ pub fn read(path: &Path, kind: Kind, what: &str) -> Result<Field> {
             want: kind.describe().into(),
         });
     }
-    if npy.order() != npyz::Order::C {
-        return Err(Error::invalid(what, "Fortran order; write it in C order"));
-    }
     let descr = npy.dtype().descr();
     let descr = descr.trim_matches('\'');
-    if descr != "<f4" {
-        return Err(Error::Dtype {
-            what,
-            got: descr.to_string(),
-            want: "<f4 (float32)".into(),
-        });
+    match descr {
+        "<f4" => {}
+        ">f4" => {
+            return Err(Error::Dtype {
+                what,
+                got: ">f4 (big-endian float32)".into(),
+                want: "<f4 (little-endian float32; numpy: a.astype('<f4'))".into(),
+            });
+        }
+        d => {
+            return Err(Error::Dtype {
+                what,
+                got: d.to_string(),
+                want: "<f4 (float32)".into(),
+            });
+        }
     }
-    let data = npy.into_vec::<f32>().map_err(|e| Error::Format {
-        file: path.display().to_string(),
-        why: e.to_string(),
-    })?;
+    if npy.order() != npyz::Order::C {
+        return Err(Error::invalid(
+            what,
+            "Fortran order; write it in C order (numpy: np.ascontiguousarray)",
+        ));
+    }
+    let n = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| Error::invalid(&what, format!("shape {shape:?} overflows")))?;
+    let data = npy.into_inner();
+    let want = n * 4;
+    if data.len() != want {
+        let why = if data.len() < want {
+            format!(
+                "truncated: {} bytes of data, the shape {shape:?} needs {want}",
+                data.len()
+            )
+        } else {
+            format!(
+                "{} trailing bytes after the {want} bytes of data the shape {shape:?} needs",
+                data.len() - want
+            )
+        };
+        return Err(Error::invalid(what, why));
+    }
+    let data = data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
     let f = Field { shape, data };
     check(&f, kind, &what)?;
     Ok(f)

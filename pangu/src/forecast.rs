@@ -63,6 +63,35 @@ pub fn schedule(lead: u32, intervals: &[u32]) -> Result<Vec<u32>> {
     Ok(steps)
 }
 
+/// The leads, in hours, whose fields a rollout of `plan` writes: every
+/// step's when `every` is `None`, else each multiple of `every` hours it
+/// reaches, and the last step's always.
+pub fn written_leads(plan: &[u32], every: Option<u32>) -> Vec<u32> {
+    let mut lead = 0;
+    let mut out = Vec::new();
+    for (i, &h) in plan.iter().enumerate() {
+        lead += h;
+        let due = every.is_none_or(|e| e > 0 && lead % e == 0);
+        if due || i + 1 == plan.len() {
+            out.push(lead);
+        }
+    }
+    out
+}
+
+/// Where a rollout writes and how.
+#[derive(Clone, Copy, Debug)]
+pub struct Outputs<'a> {
+    /// The folder (exists and is writable: the caller checked).
+    pub dir: &'a Path,
+    /// Write the steps whose lead is a multiple of this many hours (and
+    /// the last step); `None` writes every step.
+    pub every: Option<u32>,
+    /// Write on a background thread while the next step computes (the
+    /// command's way); `false` writes each file before the next step.
+    pub background: bool,
+}
+
 /// The output files of the step that ends at `lead` hours.
 pub fn output_paths(dir: &Path, lead: u32) -> (PathBuf, PathBuf) {
     (
@@ -80,6 +109,8 @@ pub struct Step {
     pub interval: u32,
     /// Seconds from the step's start to its fields on the host.
     pub seconds: f64,
+    /// Whether its fields were written.
+    pub written: bool,
 }
 
 /// What a rollout took.
@@ -93,6 +124,9 @@ pub struct Rollout {
     pub write_seconds: f64,
 }
 
+/// A step's fields on the device, and on the host when they are written.
+type StepFields = (Tensor, Tensor, Option<(Field, Field)>);
+
 /// Moves a field set of `dims` from the device to the host.
 fn to_host(t: &Tensor) -> Result<Field> {
     let shape = t.dims().to_vec();
@@ -105,17 +139,19 @@ fn to_host(t: &Tensor) -> Result<Field> {
 }
 
 /// Runs `plan` (intervals from [`schedule`]) from `(upper, surface)` on
-/// the models' device, writing each step's fields into `out` as
-/// [`output_paths`]. `on_step` sees each step when its fields are on the
-/// host (a progress bar).
+/// the models' device, each step starting from the previous step's fields
+/// on the device, and writes the steps of [`written_leads`] into
+/// `out.dir` as [`output_paths`]. `on_step` sees each step when its fields
+/// are on the host (a progress bar).
 pub fn rollout(
     models: &BTreeMap<u32, Pangu>,
     plan: &[u32],
     upper: Tensor,
     surface: Tensor,
-    out: &Path,
+    out: Outputs<'_>,
     mut on_step: impl FnMut(&Step),
 ) -> Result<Rollout> {
+    let leads = written_leads(plan, out.every);
     for h in plan {
         if !models.contains_key(h) {
             return Err(Error::invalid("--weights", format!("no {h}h model loaded")));
@@ -139,15 +175,24 @@ pub fn rollout(
     let (mut u, mut s) = (upper, surface);
     let mut lead = 0;
     let mut failure = None;
+    let mut inline_write = 0.0;
     for &h in plan {
         let t = Instant::now();
-        let step = (|| -> Result<(Tensor, Tensor, Field, Field)> {
+        let write = leads.contains(&(lead + h));
+        let step = (|| -> Result<StepFields> {
             let m = &models[&h];
             let (nu, ns) = m.forward(&u, &s)?;
-            let (fu, fs) = (to_host(&nu)?, to_host(&ns)?);
-            Ok((nu, ns, fu, fs))
+            let host = if write {
+                Some((to_host(&nu)?, to_host(&ns)?))
+            } else {
+                // The step's fields stay on the device; wait for them so
+                // that the step's time is its own.
+                nu.device().synchronize()?;
+                None
+            };
+            Ok((nu, ns, host))
         })();
-        let (nu, ns, fu, fs) = match step {
+        let (nu, ns, host) = match step {
             Ok(v) => v,
             Err(e) => {
                 failure = Some(e);
@@ -159,12 +204,25 @@ pub fn rollout(
             lead,
             interval: h,
             seconds: t.elapsed().as_secs_f64(),
+            written: write,
         };
         on_step(&st);
         steps.push(st);
-        let (pu, ps) = output_paths(out, lead);
-        if tx.send((pu, ps, fu, fs)).is_err() {
-            break;
+        if let Some((fu, fs)) = host {
+            let (pu, ps) = output_paths(out.dir, lead);
+            if out.background {
+                if tx.send((pu, ps, fu, fs)).is_err() {
+                    break;
+                }
+            } else {
+                let t = Instant::now();
+                let w = fields::write(&pu, &fu).and_then(|()| fields::write(&ps, &fs));
+                inline_write += t.elapsed().as_secs_f64();
+                if let Err(e) = w {
+                    failure = Some(e);
+                    break;
+                }
+            }
         }
         u = nu;
         s = ns;
@@ -176,7 +234,7 @@ pub fn rollout(
     if let Some(e) = failure {
         return Err(e);
     }
-    let write_seconds = written?;
+    let write_seconds = written? + inline_write;
     Ok(Rollout {
         steps,
         total_seconds: start.elapsed().as_secs_f64(),
@@ -190,15 +248,54 @@ mod tests {
 
     #[test]
     fn hierarchical_rule() {
-        assert_eq!(schedule(168, &[24, 6, 3, 1]).unwrap(), vec![24; 7]);
-        assert_eq!(schedule(56, &[1, 24, 6, 3]).unwrap(), vec![24, 24, 6, 1, 1]);
-        assert_eq!(schedule(30, &[6]).unwrap(), vec![6; 5]);
-        let e = schedule(7, &[24, 6]).unwrap_err().to_string();
-        assert!(e.contains("--lead") && e.contains("7h"), "{e}");
+        // (lead, models given, steps): largest interval first, each model
+        // as often as it fits, then the next.
+        for (lead, models, want) in [
+            (168, &[24, 6, 3, 1][..], &[24; 7][..]),
+            (31, &[24, 6, 1], &[24, 6, 1]),
+            (31, &[1, 6, 24], &[24, 6, 1]),
+            (56, &[1, 24, 6, 3], &[24, 24, 6, 1, 1]),
+            (30, &[6], &[6; 5]),
+            (30, &[24, 6], &[24, 6]),
+            (6, &[24, 6], &[6]),
+            (1, &[1], &[1]),
+        ] {
+            assert_eq!(
+                schedule(lead, models).unwrap(),
+                want,
+                "{lead}h with {models:?}"
+            );
+        }
+        // Unreachable leads name the lead and the intervals available.
+        for (lead, models) in [(7, &[24, 6][..]), (30, &[24]), (5, &[6])] {
+            let e = schedule(lead, models).unwrap_err().to_string();
+            assert!(
+                e.contains("--lead") && e.contains(&format!("{lead}h")),
+                "{e}"
+            );
+            for h in models {
+                assert!(e.contains(&format!("{h}h")), "{e}");
+            }
+        }
         assert!(schedule(24, &[]).is_err());
         assert_eq!(parse_hours("--lead", "7d").unwrap(), 168);
         assert_eq!(parse_hours("--lead", "168h").unwrap(), 168);
         assert!(parse_hours("--lead", "0h").is_err());
         assert!(parse_hours("--lead", "soon").is_err());
+    }
+
+    #[test]
+    fn written_leads_follow_every() {
+        for (plan, every, want) in [
+            (&[24; 7][..], None, &[24, 48, 72, 96, 120, 144, 168][..]),
+            (&[24; 7], Some(24), &[24, 48, 72, 96, 120, 144, 168]),
+            (&[24; 7], Some(48), &[48, 96, 144, 168]),
+            (&[24, 6, 1], None, &[24, 30, 31]),
+            (&[24, 6, 1], Some(24), &[24, 31]),
+            (&[6, 6, 6, 6], Some(12), &[12, 24]),
+            (&[6, 6, 6], Some(100), &[18]),
+        ] {
+            assert_eq!(written_leads(plan, every), want, "{plan:?} every {every:?}");
+        }
     }
 }

@@ -1,9 +1,10 @@
 //! `pangu`: Pangu-Weather forecasts from npy fields.
 //!
 //! ```text
-//! pangu init --out w.safetensors --lat 721 --lon 1440 [--inputs DIR]
+//! pangu random-weights --grid full|tiny|LATxLON --seed N --out w.safetensors [--inputs DIR]
+//! pangu info w.safetensors
 //! pangu forecast --weights 24h=w24.safetensors [--weights 6h=w6.safetensors]
-//!     --upper input_upper.npy --surface input_surface.npy --lead 168h --out DIR
+//!     --upper input_upper.npy --surface input_surface.npy --lead 168h --out DIR [--every 24h]
 //! pangu bench --weights w.safetensors --upper U.npy --surface S.npy --json OUT
 //! ```
 use candle_core::{DType, Device, Tensor};
@@ -44,17 +45,16 @@ struct Run {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Writes seeded weights (and, with --inputs, seeded input fields).
-    Init {
+    /// Writes seeded weights in the model's format (and, with --inputs,
+    /// seeded input fields): a first try without the released weights.
+    RandomWeights {
         /// The weight file to write.
         #[arg(long)]
         out: PathBuf,
-        /// Latitudes of the fields.
-        #[arg(long, default_value_t = 721)]
-        lat: usize,
-        /// Longitudes of the fields (a multiple of 96).
-        #[arg(long, default_value_t = 1440)]
-        lon: usize,
+        /// `full` (721 x 1440, the official grid), `tiny` (25 x 96) or
+        /// `LATxLON` (longitudes a multiple of 96).
+        #[arg(long, default_value = "full")]
+        grid: String,
         /// Block order: post (the released model) or pre.
         #[arg(long, default_value = "post")]
         order: String,
@@ -76,6 +76,12 @@ enum Cmd {
         #[arg(long)]
         inputs: Option<PathBuf>,
     },
+    /// Lists a weight file: metadata, grid, interval, tensors and size,
+    /// and whether the model accepts it.
+    Info {
+        /// The weight file.
+        file: PathBuf,
+    },
     /// Runs a forecast to --lead with the models given.
     Forecast {
         /// `INTERVAL=FILE`, e.g. `24h=pangu_weather_24.safetensors`;
@@ -94,6 +100,10 @@ enum Cmd {
         /// Output folder (created).
         #[arg(long)]
         out: PathBuf,
+        /// Write the steps whose lead is a multiple of this (e.g. 24h;
+        /// the last step is always written). Default: every step.
+        #[arg(long)]
+        every: Option<String>,
         #[command(flatten)]
         run: Run,
         /// Also write the summary as JSON here.
@@ -135,20 +145,18 @@ enum Cmd {
 fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Init {
+        Cmd::RandomWeights {
             out,
-            lat,
-            lon,
+            grid,
             order,
             seed,
             interval,
             depths,
             width,
             inputs,
-        } => init(
+        } => random_weights(
             &out,
-            lat,
-            lon,
+            &grid,
             &order,
             seed,
             interval,
@@ -156,12 +164,14 @@ fn main() {
             width,
             inputs.as_deref(),
         ),
+        Cmd::Info { file } => info(&file),
         Cmd::Forecast {
             weights,
             upper,
             surface,
             lead,
             out,
+            every,
             run,
             json,
             quiet,
@@ -171,6 +181,7 @@ fn main() {
             &surface,
             &lead,
             &out,
+            every.as_deref(),
             &run,
             json.as_deref(),
             quiet,
@@ -201,11 +212,27 @@ fn main() {
     }
 }
 
+/// `full`, `tiny` or `LATxLON`.
+fn parse_grid(s: &str) -> Result<(usize, usize)> {
+    match s {
+        "full" => Ok((config::OFFICIAL_LAT, config::OFFICIAL_LON)),
+        "tiny" => Ok((25, 96)),
+        _ => s
+            .split_once('x')
+            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "--grid",
+                    format!("`{s}`: expected full, tiny or LATxLON such as 25x96"),
+                )
+            }),
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
-fn init(
+fn random_weights(
     out: &Path,
-    lat: usize,
-    lon: usize,
+    grid: &str,
     order: &str,
     seed: u64,
     interval: u32,
@@ -213,6 +240,7 @@ fn init(
     width: usize,
     inputs: Option<&Path>,
 ) -> Result<()> {
+    let (lat, lon) = parse_grid(grid)?;
     let g = Geometry::new(lat, lon)?;
     let order = BlockOrder::parse(order)?;
     let depths = Depths::parse(depths)?;
@@ -328,6 +356,16 @@ fn upload(f: &Field, device: &Device, dtype: DType) -> Result<Tensor> {
     )
 }
 
+/// The median of sorted `v` (the mean of the middle two for an even
+/// count); 0 when empty.
+fn median(v: &[f64]) -> f64 {
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
@@ -339,6 +377,7 @@ fn run_forecast(
     surface: &Path,
     lead: &str,
     out: &Path,
+    every: Option<&str>,
     run: &Run,
     json: Option<&Path>,
     quiet: bool,
@@ -346,6 +385,9 @@ fn run_forecast(
     // Everything is checked before anything is loaded on the device or
     // written.
     let lead = forecast::parse_hours("--lead", lead)?;
+    let every = every
+        .map(|e| forecast::parse_hours("--every", e))
+        .transpose()?;
     let mut files: BTreeMap<u32, PathBuf> = BTreeMap::new();
     for s in specs {
         let Some((k, f)) = s.split_once('=') else {
@@ -375,7 +417,13 @@ fn run_forecast(
         }
         checked.insert(h, w);
     }
-    std::fs::create_dir_all(out).map_err(Error::io(out))?;
+    let leads = forecast::written_leads(&plan, every);
+    let mut inputs = vec![
+        ("--upper", upper.to_path_buf()),
+        ("--surface", surface.to_path_buf()),
+    ];
+    inputs.extend(files.values().map(|f| ("--weights", f.clone())));
+    prepare_out(out, &leads, &inputs)?;
     let t_load = Instant::now();
     let mut models = BTreeMap::new();
     for (h, w) in checked {
@@ -400,7 +448,12 @@ fn run_forecast(
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_message(format!("to +{lead}h"));
-    let r = forecast::rollout(&models, &plan, u, s, out, |st| {
+    let outputs = forecast::Outputs {
+        dir: out,
+        every,
+        background: true,
+    };
+    let r = forecast::rollout(&models, &plan, u, s, outputs, |st| {
         bar.set_message(format!(
             "+{}h ({}h model) {:.3} s",
             st.lead, st.interval, st.seconds
@@ -425,27 +478,29 @@ fn run_forecast(
     );
     for st in &r.steps {
         let (pu, ps) = forecast::output_paths(out, st.lead);
-        println!(
-            "  +{:>4}h  {:>8.3} s  {}  {}",
-            st.lead,
-            st.seconds,
-            pu.display(),
-            ps.display()
-        );
+        let files = if st.written {
+            format!("{}  {}", pu.display(), ps.display())
+        } else {
+            "(kept on the device)".into()
+        };
+        println!("  +{:>4}h  {:>8.3} s  {files}", st.lead, st.seconds);
     }
     times.sort_by(f64::total_cmp);
-    let median = times.get(times.len() / 2).copied().unwrap_or(0.0);
+    let median = median(&times);
     println!(
         "load {load_s:.2} s; rollout {:.3} s ({median:.3} s per step median, writes {:.3} s overlapped)",
         r.total_seconds, r.write_seconds
     );
-    if let Some(p) = peak {
-        println!(
+    match peak {
+        Some(p) => println!(
             "peak device memory: {:.0} MiB allocated, {:.0} MiB reserved",
             mib(p.used),
             mib(p.reserved)
-        );
+        ),
+        None => println!("peak device memory: not tracked on the CPU"),
     }
+    let written = r.steps.iter().filter(|s| s.written).count();
+    println!("files written: {} in {}", 2 * written, out.display());
     if let Some((u, t)) = used {
         println!(
             "device memory in use now: {:.0} of {:.0} MiB",
@@ -477,6 +532,110 @@ fn run_forecast(
             steps.join(",")
         );
         std::fs::write(j, rec).map_err(Error::io(j))?;
+    }
+    Ok(())
+}
+
+/// Makes `out` a writable folder for the files of `leads`, or refuses
+/// before anything is computed: `out` an existing file, a folder that
+/// cannot be created or written, or an output file that would overwrite
+/// one of the `inputs` (argument, path). A folder this call created is
+/// removed again when the write check fails.
+fn prepare_out(out: &Path, leads: &[u32], inputs: &[(&str, PathBuf)]) -> Result<()> {
+    if out.exists() && !out.is_dir() {
+        return Err(Error::invalid(
+            "--out",
+            format!("{} is a file, not a folder", out.display()),
+        ));
+    }
+    if out.is_dir() {
+        let dir = out.canonicalize().map_err(Error::io(out))?;
+        for &lead in leads {
+            let (pu, ps) = forecast::output_paths(&dir, lead);
+            for o in [pu, ps] {
+                for (arg, p) in inputs {
+                    if p.canonicalize().is_ok_and(|c| c == o) {
+                        return Err(Error::invalid(
+                            "--out",
+                            format!(
+                                "the output {} would overwrite the {arg} file {}",
+                                o.display(),
+                                p.display()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let created = !out.exists();
+    std::fs::create_dir_all(out).map_err(|e| {
+        Error::invalid("--out", format!("{} cannot be created: {e}", out.display()))
+    })?;
+    let probe = out.join(format!(".pangu-write-check-{}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .and_then(|_| std::fs::remove_file(&probe));
+    if let Err(e) = written {
+        if created {
+            let _ = std::fs::remove_dir(out);
+        }
+        return Err(Error::invalid(
+            "--out",
+            format!("{} cannot be written: {e}", out.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// `pangu info`: what a weight file holds and whether the model takes it.
+fn info(file: &Path) -> Result<()> {
+    let bytes = std::fs::read(file).map_err(Error::io(file))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::Format {
+        file: file.display().to_string(),
+        why: format!("not a safetensors file: {e}"),
+    })?;
+    let (_, md) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| Error::Format {
+        file: file.display().to_string(),
+        why: e.to_string(),
+    })?;
+    println!("{}: {:.1} MiB", file.display(), mib(bytes.len() as u64));
+    let meta = md.metadata().clone().unwrap_or_default();
+    let mut keys: Vec<_> = meta.iter().collect();
+    keys.sort();
+    for (k, v) in keys {
+        println!("  {k} = {v}");
+    }
+    let mut names: Vec<_> = st.tensors();
+    names.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut values = 0usize;
+    for (name, view) in &names {
+        let n: usize = view.shape().iter().product();
+        values += n;
+        println!("  {name:<48} {:?} {:?}", view.dtype(), view.shape());
+    }
+    println!("{} tensors, {values} values", names.len());
+    let grid = meta
+        .get("lat")
+        .zip(meta.get("lon"))
+        .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)));
+    match grid {
+        Some((lat, lon)) => {
+            let g = Geometry::new(lat, lon)?;
+            let w = Weights::read(file, &g)?;
+            println!(
+                "accepted: {lat} x {lon} grid, interval {}, {} order, depths {}, width {}",
+                w.meta
+                    .interval_hours
+                    .map_or("not recorded".into(), |h| format!("{h}h")),
+                w.meta.order.name(),
+                w.meta.depths.name(),
+                w.meta.width
+            );
+        }
+        None => println!("no grid in the metadata: checked against the fields at forecast time"),
     }
     Ok(())
 }
