@@ -297,6 +297,19 @@ pub fn seeded_tensors(g: &Geometry, meta: &Meta, seed: u64) -> Vec<(String, Vec<
         .collect()
 }
 
+/// The patch recovery's biases come one per output variable (the
+/// transposed convolution of the pseudocode, `[5]` and `[4]`) or one per
+/// patch position (the released files' kernel-1 convolution over patches,
+/// `[160]` = 5 x 2 x 4 x 4 and `[64]` = 4 x 4 x 4, in the order of the
+/// recovery's output features). The per-position length, for those two.
+fn recovery_bias_per_position(name: &str) -> Option<usize> {
+    match name {
+        "patch_recovery.conv.bias" => Some(160),
+        "patch_recovery.conv_surface.bias" => Some(64),
+        _ => None,
+    }
+}
+
 /// The shapes accepted for the earth bias of `types` types and `heads`
 /// heads: the compact table, or the expanded per-type bias (with or
 /// without the released graph's leading 1).
@@ -417,9 +430,12 @@ impl Weights {
                 });
             };
             let shape = view.shape().to_vec();
+            let per_position = recovery_bias_per_position(&e.name);
             let ok = if e.name.ends_with("earth_specific_bias") {
                 let (types, heads) = (e.shape[1], e.shape[2]);
                 bias_shapes(types, heads).contains(&shape)
+            } else if let Some(n) = per_position {
+                shape == e.shape || shape == [n]
             } else {
                 shape == e.shape
             };
@@ -427,6 +443,8 @@ impl Weights {
                 let want = if e.name.ends_with("earth_specific_bias") {
                     let [a, b, c] = bias_shapes(e.shape[1], e.shape[2]);
                     format!("{a:?}, {b:?} or {c:?}")
+                } else if let Some(n) = per_position {
+                    format!("{:?} (per variable) or [{n}] (per patch position)", e.shape)
                 } else {
                     format!("{:?}", e.shape)
                 };

@@ -36,21 +36,26 @@ struct Case {
 /// computed once.
 fn case() -> &'static Case {
     static CASE: OnceLock<Case> = OnceLock::new();
-    CASE.get_or_init(|| make_case(192))
+    CASE.get_or_init(|| make_case(192, false))
 }
 
 /// The same at width 32 (one head at the first scale, two at the
 /// second), which only the candle build runs.
 fn narrow_case() -> &'static Case {
     static CASE: OnceLock<Case> = OnceLock::new();
-    CASE.get_or_init(|| make_case(32))
+    CASE.get_or_init(|| make_case(32, false))
 }
 
-fn make_case(width: usize) -> Case {
+/// `width`; with `per_position`, the recovery biases are one per patch
+/// position (`[160]`, `[64]`, as in the released files), each its own
+/// value.
+fn make_case(width: usize, per_position: bool) -> Case {
     {
         let g = Geometry::new(LAT, LON).unwrap();
-        let dir =
-            std::env::temp_dir().join(format!("pangu-network-test-{}-{width}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "pangu-network-test-{}-{width}-{per_position}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("w.safetensors");
         let meta = Meta {
@@ -60,7 +65,21 @@ fn make_case(width: usize) -> Case {
             depths: DEPTHS,
             width,
         };
-        weights::write_file(&path, &weights::seeded_tensors(&g, &meta, SEED), &meta).unwrap();
+        let mut t = weights::seeded_tensors(&g, &meta, SEED);
+        if per_position {
+            for (name, shape, v) in t.iter_mut() {
+                let n = match name.as_str() {
+                    "patch_recovery.conv.bias" => 160,
+                    "patch_recovery.conv_surface.bias" => 64,
+                    _ => continue,
+                };
+                *shape = vec![n];
+                *v = (0..n)
+                    .map(|i| 0.05 * ((i * 37 % 11) as f32 - 5.0))
+                    .collect();
+            }
+        }
+        weights::write_file(&path, &t, &meta).unwrap();
         let w = Weights::read(&path, &g).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let (upper, surface) = weights::seeded_inputs(&g, SEED + 1);
@@ -152,6 +171,18 @@ fn narrow_f32_network_matches_f64_oracle() {
         e.contains("width") && e.contains("32") && e.contains("192"),
         "{e}"
     );
+}
+
+#[test]
+fn per_position_recovery_biases_match_the_oracle() {
+    let c = make_case(32, true);
+    assert_eq!(c.w.get("patch_recovery.conv.bias").unwrap().dims(), [160]);
+    let e = channel_errors(&c, &run(&c, Options::new(Build::Candle, DType::F32)));
+    eprintln!(
+        "per-position recovery biases, candle f32 vs f64 oracle: worst channel max {:.2e}",
+        e.0
+    );
+    assert!(e.0 < F32_MAX, "{e:?}");
 }
 
 #[test]

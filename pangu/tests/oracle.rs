@@ -476,7 +476,7 @@ pub fn embed(w: &Weights, g: &Geometry, upper: &[f64], surface: &[f64]) -> Vec<f
 
 /// The patch recovery from its definition, output point by output point:
 /// the transposed convolutions (weights `[2C, V, (2,) 4, 4]`, a bias per
-/// output channel) on slabs 1..8 and 0, the crop to 13 levels and `H`
+/// output variable or per patch position) on slabs 1..8 and 0, the crop to 13 levels and `H`
 /// latitudes, then de-normalisation. Returns (upper `[5, 13, H, W]`,
 /// surface `[4, H, W]`).
 pub fn recover(w: &Weights, g: &Geometry, x: &[f64]) -> (Vec<f64>, Vec<f64>) {
@@ -500,7 +500,12 @@ pub fn recover(w: &Weights, g: &Geometry, x: &[f64]) -> (Vec<f64>, Vec<f64>) {
                 for xx in 0..wd {
                     let t = token(1 + l / 2, y, xx);
                     let (dz, dy, dx) = (l % 2, y % 4, xx % 4);
-                    let mut acc = bu[c];
+                    // One bias per variable, or per patch position.
+                    let mut acc = if bu.len() == 5 {
+                        bu[c]
+                    } else {
+                        bu[((c * 2 + dz) * 4 + dy) * 4 + dx]
+                    };
                     for (i, ti) in t.iter().enumerate() {
                         acc += ti * wu[(((i * 5 + c) * 2 + dz) * 4 + dy) * 4 + dx];
                     }
@@ -514,7 +519,11 @@ pub fn recover(w: &Weights, g: &Geometry, x: &[f64]) -> (Vec<f64>, Vec<f64>) {
         for y in 0..h {
             for xx in 0..wd {
                 let t = token(0, y, xx);
-                let mut acc = bsf[c];
+                let mut acc = if bsf.len() == 4 {
+                    bsf[c]
+                } else {
+                    bsf[(c * 4 + y % 4) * 4 + xx % 4]
+                };
                 for (i, ti) in t.iter().enumerate() {
                     acc += ti * wsf[((i * 4 + c) * 4 + y % 4) * 4 + xx % 4];
                 }
