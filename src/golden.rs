@@ -35,19 +35,117 @@ pub struct Tensor<T> {
     pub data: Vec<T>,
 }
 
-pub fn read_npy<T: npyz::Deserialize>(path: &Path) -> Result<Tensor<T>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| format!("{}: {e}", path.display()))?;
-    let shape = npy.shape().to_vec();
-    if npy.order() != npyz::Order::C {
-        return Err(format!("{}: Fortran order not supported", path.display()));
+/// An element type golden mode reads: its npy `descr`, little-endian, and
+/// its size in bytes.
+pub trait NpyElem: npyz::Deserialize {
+    /// `<f2` or `<i4`.
+    const DESCR: &'static str;
+    /// Bytes per element.
+    const SIZE: usize;
+}
+
+impl NpyElem for f16 {
+    const DESCR: &'static str = "<f2";
+    const SIZE: usize = 2;
+}
+
+impl NpyElem for i32 {
+    const DESCR: &'static str = "<i4";
+    const SIZE: usize = 4;
+}
+
+/// The shape an npy header declares, read before any npy parser sees it:
+/// npyz multiplies the dimensions unchecked, so a hostile header such as
+/// `(2**32, 2**32, 192)` would overflow there. `None` when the header is
+/// not one or a dimension is not a `u64`.
+fn declared_shape(bytes: &[u8]) -> Option<Vec<u64>> {
+    let (len, start): (usize, usize) = match (bytes.get(..6)?, *bytes.get(6)?) {
+        (b"\x93NUMPY", 1) => (
+            usize::from(u16::from_le_bytes([*bytes.get(8)?, *bytes.get(9)?])),
+            10,
+        ),
+        (b"\x93NUMPY", 2 | 3) => {
+            let b: [u8; 4] = bytes.get(8..12)?.try_into().ok()?;
+            (usize::try_from(u32::from_le_bytes(b)).ok()?, 12)
+        }
+        _ => return None,
+    };
+    let header = std::str::from_utf8(bytes.get(start..start.checked_add(len)?)?).ok()?;
+    let rest = &header[header.find("'shape'")? + "'shape'".len()..];
+    let inner = &rest[rest.find('(')? + 1..];
+    let inner = &inner[..inner.find(')')?];
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| d.parse::<u64>().ok())
+        .collect()
+}
+
+/// Reads an npy file of `T`, refusing before any allocation of its data
+/// what a hostile or broken file can claim: a shape whose element count
+/// overflows, data shorter or longer than the shape says, another dtype or
+/// byte order, Fortran order.
+pub fn read_npy<T: NpyElem>(path: &Path) -> Result<Tensor<T>, String> {
+    let p = path.display();
+    let bytes = std::fs::read(path).map_err(|e| format!("{p}: {e}"))?;
+    let declared =
+        declared_shape(&bytes).ok_or(format!("{p}: not an npy file (no readable header)"))?;
+    if declared
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .and_then(|n| n.checked_mul(T::SIZE as u64))
+        .is_none()
+    {
+        return Err(format!(
+            "{p}: shape {declared:?} has more elements than memory can hold"
+        ));
     }
-    let data = npy.into_vec::<T>().map_err(|e| {
-        format!(
-            "{}: wrong dtype (float16 data, int32 tables): {e}",
-            path.display()
-        )
-    })?;
+    let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| format!("{p}: not an npy file: {e}"))?;
+    let shape = npy.shape().to_vec();
+    let descr = npy.dtype().descr();
+    let descr = descr.trim_matches('\'');
+    if descr != T::DESCR {
+        return Err(format!(
+            "{p}: dtype {descr}, expected {} (float16 data are <f2, int32 tables <i4)",
+            T::DESCR
+        ));
+    }
+    if npy.order() != npyz::Order::C {
+        return Err(format!("{p}: Fortran order not supported (write C order)"));
+    }
+    let n = shape
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .and_then(|n| usize::try_from(n).ok())
+        .and_then(|n| n.checked_mul(T::SIZE).map(|b| (n, b)));
+    let Some((n, want)) = n else {
+        return Err(format!(
+            "{p}: shape {shape:?} has more elements than memory can hold"
+        ));
+    };
+    let data = npy.into_inner();
+    if data.len() != want {
+        return Err(if data.len() < want {
+            format!(
+                "{p}: truncated: {} bytes of data, shape {shape:?} needs {want}",
+                data.len()
+            )
+        } else {
+            format!(
+                "{p}: {} trailing bytes after the {want} bytes shape {shape:?} needs",
+                data.len() - want
+            )
+        });
+    }
+    let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| format!("{p}: {e}"))?;
+    let data = npy.into_vec::<T>().map_err(|e| format!("{p}: {e}"))?;
+    if data.len() != n {
+        return Err(format!(
+            "{p}: {} elements, shape {shape:?} says {n}",
+            data.len()
+        ));
+    }
     Ok(Tensor { shape, data })
 }
 
@@ -61,7 +159,10 @@ pub fn write_npy(path: &Path, shape: &[u64], data: &[f16]) -> Result<(), String>
         .map_err(|e| e.to_string())?;
     w.extend(data.iter().copied()).map_err(|e| e.to_string())?;
     w.finish().map_err(|e| e.to_string())?;
-    std::fs::write(path, buf).map_err(|e| format!("{}: {e}", path.display()))
+    // Written beside and renamed: the file appears complete or not at all.
+    let tmp = path.with_extension("npy.partial");
+    std::fs::write(&tmp, buf).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 struct Args {
@@ -72,6 +173,55 @@ struct Args {
     tanh: bool,
     out_dir: PathBuf,
     backend: Choice,
+    /// Outputs, written together once the kernel has run.
+    outputs: std::cell::RefCell<Vec<(String, Vec<u64>, Vec<f16>)>>,
+}
+
+/// Each kernel's input names: required, then optional. `gamma` and `beta`
+/// come together, as do a mask and its `slots`.
+fn input_names(kernel: &str) -> Option<(&'static [&'static str], &'static [&'static str])> {
+    Some(match kernel {
+        "layer_norm" => (&["x"], &["gamma", "beta"]),
+        "add_layer_norm" => (&["residual", "branch"], &["gamma", "beta"]),
+        "gather" => (&["src", "idx"], &[]),
+        "layer_norm_gather" => (&["src", "idx"], &["gamma", "beta"]),
+        "bias_gelu" => (&["x", "bias"], &[]),
+        "qkv_split" => (&["qkv"], &[]),
+        "bias_mask_add" | "bias_mask_softmax" => (&["scores", "bias", "types"], &["mask", "slots"]),
+        "window_attention" => (&["qkv", "bias", "types"], &["qkv_bias", "labels", "slots"]),
+        _ => return None,
+    })
+}
+
+/// Refuses an unknown kernel, a missing or unknown input name and half of
+/// a pair, before any file is read.
+fn check_names(a: &Args) -> Result<(), String> {
+    let (need, may) =
+        input_names(&a.kernel).ok_or(format!("check: unknown kernel {}", a.kernel))?;
+    for n in need {
+        if !a.has(n) {
+            return Err(format!("{} needs --in {n}=PATH", a.kernel));
+        }
+    }
+    let mut given: Vec<&String> = a.inputs.keys().collect();
+    given.sort();
+    for n in given {
+        if !need.contains(&n.as_str()) && !may.contains(&n.as_str()) {
+            let all: Vec<&str> = need.iter().chain(may.iter()).copied().collect();
+            return Err(format!(
+                "{}: unknown input `{n}` (its inputs: {})",
+                a.kernel,
+                all.join(", ")
+            ));
+        }
+    }
+    for (x, y) in [("gamma", "beta"), ("mask", "slots"), ("labels", "slots")] {
+        if may.contains(&x) && a.has(x) != a.has(y) {
+            let (have, lack) = if a.has(x) { (x, y) } else { (y, x) };
+            return Err(format!("{}: --in {have} needs --in {lack}", a.kernel));
+        }
+    }
+    Ok(())
 }
 
 impl Args {
@@ -90,7 +240,10 @@ impl Args {
         self.inputs.contains_key(name)
     }
     fn write(&self, name: &str, shape: &[u64], data: &[f16]) -> Result<(), String> {
-        write_npy(&self.out_dir.join(format!("{name}.npy")), shape, data)
+        self.outputs
+            .borrow_mut()
+            .push((name.to_string(), shape.to_vec(), data.to_vec()));
+        Ok(())
     }
 }
 
@@ -103,6 +256,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         tanh: false,
         out_dir: PathBuf::from("."),
         backend: Choice::Auto,
+        outputs: Default::default(),
     };
     while let Some(s) = it.next() {
         let mut val = || it.next().ok_or(format!("{s} needs a value"));
@@ -110,7 +264,9 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--in" => {
                 let v = val()?;
                 let (k, p) = v.split_once('=').ok_or("--in takes NAME=PATH")?;
-                a.inputs.insert(k.to_string(), p.into());
+                if a.inputs.insert(k.to_string(), p.into()).is_some() {
+                    return Err(format!("--in {k} given twice"));
+                }
             }
             "--eps" => a.eps = val()?.parse().map_err(|e| format!("--eps: {e}"))?,
             "--heads" => a.heads = Some(val()?.parse().map_err(|e| format!("--heads: {e}"))?),
@@ -151,8 +307,8 @@ fn affine(a: &Args, dev: &Device) -> Result<Option<GammaBeta>, String> {
 
 pub fn run(args: impl Iterator<Item = String>) -> Result<(), String> {
     let a = parse(args)?;
+    check_names(&a)?;
     let dev = Device::open(a.backend).map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(&a.out_dir).map_err(|e| e.to_string())?;
     let e = |e: wavefuse::Error| e.to_string();
     let gb = affine(&a, &dev)?;
     let views = gb.as_ref().map(|(g, b)| (g.view(), b.view()));
@@ -354,6 +510,11 @@ pub fn run(args: impl Iterator<Item = String>) -> Result<(), String> {
             a.write("out", &[tokens, c], &out.download().map_err(e)?)?;
         }
         other => return Err(format!("check: unknown kernel {other}")),
+    }
+    // Every input was read and checked and the kernel ran: now the outputs.
+    std::fs::create_dir_all(&a.out_dir).map_err(|e| format!("{}: {e}", a.out_dir.display()))?;
+    for (name, shape, data) in a.outputs.borrow().iter() {
+        write_npy(&a.out_dir.join(format!("{name}.npy")), shape, data)?;
     }
     eprintln!(
         "check {} on {}: outputs in {}",

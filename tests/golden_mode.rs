@@ -315,3 +315,136 @@ fn soak_subcommand_keeps_memory_flat() {
     // add+LayerNorm gathers at two shapes, and the two affine forms.
     assert!(text.contains("0 of 8 outputs wrong"), "{text}");
 }
+
+/// A raw npy file: `descr`, memory order, the shape as written, data bytes.
+fn raw_npy(descr: &str, fortran: bool, shape: &str, data: &[u8]) -> Vec<u8> {
+    let mut h = format!(
+        "{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape}, }}",
+        if fortran { "True" } else { "False" }
+    );
+    while (10 + h.len() + 1) % 64 != 0 {
+        h.push(' ');
+    }
+    h.push('\n');
+    let mut v = b"\x93NUMPY\x01\x00".to_vec();
+    v.extend((h.len() as u16).to_le_bytes());
+    v.extend(h.as_bytes());
+    v.extend(data);
+    v
+}
+
+/// Runs `check` with `args`; returns its stderr after asserting that it
+/// failed.
+fn refused(kernel: &str, out: &Path, args: &[&str]) -> String {
+    let o = Command::new(suite_bin())
+        .args(["check", kernel, "--backend", "cpu", "--out-dir"])
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("run wavefuse-suite");
+    let e = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{kernel} {args:?} was accepted: {e}");
+    e
+}
+
+#[test]
+fn hostile_npy_files_and_names_are_refused_and_nothing_is_written() {
+    let d = dir("hostile");
+    let x = halves(4 * 192, 3);
+    let bytes: Vec<u8> = x.iter().flat_map(|h| h.to_le_bytes()).collect();
+    let good = d.join("good.npy");
+    std::fs::write(&good, raw_npy("<f2", false, "(4, 192)", &bytes)).unwrap();
+    let put = |name: &str, v: Vec<u8>| -> String {
+        let p = d.join(name);
+        std::fs::write(&p, v).unwrap();
+        format!("x={}", p.display())
+    };
+    let f32s: Vec<u8> = x.iter().flat_map(|h| h.to_f32().to_le_bytes()).collect();
+    let mut huge_header = raw_npy("<f2", false, "(4, 192)", &[]);
+    huge_header[8..10].copy_from_slice(&u16::MAX.to_le_bytes());
+    let cases = [
+        (
+            put(
+                "overflow.npy",
+                raw_npy("<f2", false, "(4294967296, 4294967296, 192)", &[]),
+            ),
+            "more elements",
+        ),
+        (
+            put(
+                "wrap.npy",
+                raw_npy("<f2", false, "(4294967296, 4294967296, 1)", &[]),
+            ),
+            "more elements",
+        ),
+        (
+            put(
+                "trunc.npy",
+                raw_npy("<f2", false, "(4, 192)", &bytes[..bytes.len() - 2]),
+            ),
+            "truncated",
+        ),
+        (
+            put(
+                "trail.npy",
+                raw_npy("<f2", false, "(4, 192)", &[&bytes[..], &[0u8; 6]].concat()),
+            ),
+            "6 trailing bytes",
+        ),
+        (
+            put("f32.npy", raw_npy("<f4", false, "(4, 192)", &f32s)),
+            "dtype <f4, expected <f2",
+        ),
+        (
+            put("big.npy", raw_npy(">f2", false, "(4, 192)", &bytes)),
+            "dtype >f2",
+        ),
+        (
+            put("fortran.npy", raw_npy("<f2", true, "(4, 192)", &bytes)),
+            "Fortran",
+        ),
+        (put("header.npy", huge_header), "not an npy file"),
+    ];
+    let out = d.join("out");
+    for (arg, needle) in &cases {
+        let e = refused("layer_norm", &out, &["--in", arg]);
+        assert!(e.contains(needle), "{arg}: `{needle}` not in {e}");
+        assert!(!out.exists(), "{arg}: the output folder was created");
+    }
+    let g = format!("x={}", good.display());
+    let gamma = format!("gamma={}", good.display());
+    for (kernel, args, needle) in [
+        (
+            "layer_norm",
+            vec![g.as_str(), "--in", "xx=a.npy"],
+            "unknown input `xx`",
+        ),
+        (
+            "layer_norm",
+            vec![g.as_str(), "--in", gamma.as_str()],
+            "--in gamma needs --in beta",
+        ),
+        ("layer_norm", vec![gamma.as_str()], "needs --in x"),
+        ("gather", vec![g.as_str()], "needs --in src"),
+        (
+            "layer_norm",
+            vec![g.as_str(), "--in", g.as_str()],
+            "--in x given twice",
+        ),
+        ("no_such_kernel", vec![g.as_str()], "unknown kernel"),
+    ] {
+        let mut a = vec!["--in"];
+        a.extend(args);
+        let e = refused(kernel, &out, &a);
+        assert!(e.contains(needle), "{kernel} {a:?}: `{needle}` not in {e}");
+        assert!(!out.exists());
+    }
+    // The good file runs, and only its output appears.
+    check("layer_norm", &out, &["--in", &g]);
+    let mut names: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["y.npy"]);
+}

@@ -58,12 +58,55 @@ impl Kind {
     }
 }
 
+/// The shape an npy header declares, read before any npy parser sees it:
+/// npyz multiplies the dimensions unchecked, so a hostile header such as
+/// `(2**32, 2**32, 192)` would overflow there. `None` when the header is
+/// not one or a dimension is not a `u64`.
+fn declared_shape(bytes: &[u8]) -> Option<Vec<u64>> {
+    let (len, start): (usize, usize) = match (bytes.get(..6)?, *bytes.get(6)?) {
+        (b"\x93NUMPY", 1) => (
+            usize::from(u16::from_le_bytes([*bytes.get(8)?, *bytes.get(9)?])),
+            10,
+        ),
+        (b"\x93NUMPY", 2 | 3) => {
+            let b: [u8; 4] = bytes.get(8..12)?.try_into().ok()?;
+            (usize::try_from(u32::from_le_bytes(b)).ok()?, 12)
+        }
+        _ => return None,
+    };
+    let header = std::str::from_utf8(bytes.get(start..start.checked_add(len)?)?).ok()?;
+    let rest = &header[header.find("'shape'")? + "'shape'".len()..];
+    let inner = &rest[rest.find('(')? + 1..];
+    let inner = &inner[..inner.find(')')?];
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| d.parse::<u64>().ok())
+        .collect()
+}
+
 /// Reads an f32 field set from `path` (the argument `what`) and checks,
 /// before anything is computed, its shape, element type, byte order,
 /// memory order, that the data is exactly as long as the shape says (no
 /// truncation, no trailing bytes) and that every value is finite.
 pub fn read(path: &Path, kind: Kind, what: &str) -> Result<Field> {
     let bytes = std::fs::read(path).map_err(Error::io(path))?;
+    let declared = declared_shape(&bytes).ok_or_else(|| Error::Format {
+        file: path.display().to_string(),
+        why: format!("{what}: not an npy file (no readable header)"),
+    })?;
+    if declared
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .and_then(|n| n.checked_mul(4))
+        .is_none()
+    {
+        return Err(Error::invalid(
+            format!("{what} ({})", path.display()),
+            format!("shape {declared:?} has more elements than memory can hold"),
+        ));
+    }
     let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| Error::Format {
         file: path.display().to_string(),
         why: format!("{what}: not an npy file: {e}"),

@@ -320,6 +320,13 @@ fn bad_inputs_are_refused_by_name_before_anything_is_written() {
             vec!["shape.npy", "[5, 12, 9, 96]", "[5, 13, lat, lon]"],
         ),
         (
+            put(
+                "overflow.npy",
+                npy("<f4", false, &[5, 13, 1 << 31, 1 << 31], &[]),
+            ),
+            vec!["overflow.npy", "more elements than memory can hold"],
+        ),
+        (
             put("f64.npy", npy("<f8", false, &ushape, &f64s)),
             vec!["f64.npy", "<f8", "<f4"],
         ),
