@@ -174,8 +174,11 @@ struct Args {
     out_dir: PathBuf,
     backend: Choice,
     /// Outputs, written together once the kernel has run.
-    outputs: std::cell::RefCell<Vec<(String, Vec<u64>, Vec<f16>)>>,
+    outputs: std::cell::RefCell<Vec<Output>>,
 }
+
+/// An output: name, shape, values.
+type Output = (String, Vec<u64>, Vec<f16>);
 
 /// Each kernel's input names: required, then optional. `gamma` and `beta`
 /// come together, as do a mask and its `slots`.
