@@ -132,6 +132,17 @@ fn main() -> ExitCode {
                 if !r.correct {
                     failed += 1;
                 }
+                // Device memory in use must come back to where it was:
+                // growth across a case is a leak, and fails the run.
+                if r.mem_growth_bytes > 0 {
+                    eprintln!(
+                        "\n{} {}: device memory in use grew by {} bytes across the case",
+                        case.name(),
+                        case.shape(),
+                        r.mem_growth_bytes
+                    );
+                    failed += 1;
+                }
                 records.push(r);
             }
             Err(e) => {
@@ -147,7 +158,7 @@ fn main() -> ExitCode {
     }
     report::print_table(&info, &records);
     if failed > 0 {
-        eprintln!("{failed} case(s) failed correctness or errored");
+        eprintln!("{failed} case(s) failed correctness, leaked device memory or errored");
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS

@@ -911,3 +911,18 @@ fn errors(a: &[f64], b: &[f64]) -> (f64, f64) {
     }
     (max, (sq / a.len() as f64).sqrt())
 }
+
+/// The ulp measure every check here uses never lets a NaN or a wrong
+/// infinity pass.
+#[test]
+fn ulps_counts_nan_and_infinities() {
+    use support::ulps;
+    let one = f16::from_f32(1.0);
+    assert_eq!(ulps(f16::NAN, 1.0), f64::INFINITY);
+    assert_eq!(ulps(one, f64::NAN), f64::INFINITY);
+    assert_eq!(ulps(f16::NAN, f64::NAN), 0.0);
+    assert_eq!(ulps(f16::INFINITY, f64::INFINITY), 0.0);
+    assert_eq!(ulps(f16::INFINITY, 65504.0), f64::INFINITY);
+    assert_eq!(ulps(one, f64::NEG_INFINITY), f64::INFINITY);
+    assert_eq!(ulps(one, 1.0), 0.0);
+}
