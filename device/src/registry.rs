@@ -41,6 +41,7 @@ macro_rules! for_each_kernel {
             wf_gather_384(src: *const u16, idx: *const i32, out: *mut u16, n_out: u64, n_src: u64);
             wf_gather_768(src: *const u16, idx: *const i32, out: *mut u16, n_out: u64, n_src: u64);
             wf_gather_generic(src: *const u16, idx: *const i32, out: *mut u16, n_out: u64, n_src: u64, vecs: u64);
+            wf_gather4_f32_to_f16(src: *const f32, idx: *const i32, out: *mut u16, n_out: u64, n_src: u64);
             wf_add_layer_norm_gather_192(residual: *const u16, branch: *const u16, residual_out: *mut u16, idx: *const i32, out: *mut u16, gamma: *const u16, beta: *const u16, n_out: u64, n_src: u64, eps: f32);
             wf_add_layer_norm_gather_384(residual: *const u16, branch: *const u16, residual_out: *mut u16, idx: *const i32, out: *mut u16, gamma: *const u16, beta: *const u16, n_out: u64, n_src: u64, eps: f32);
             wf_add_layer_norm_gather_768(residual: *const u16, branch: *const u16, residual_out: *mut u16, idx: *const i32, out: *mut u16, gamma: *const u16, beta: *const u16, n_out: u64, n_src: u64, eps: f32);

@@ -60,7 +60,7 @@ pub use ops::add_layer_norm_gather::add_layer_norm_gather;
 pub use ops::bias_gelu::{GeluBias, GeluMode, bias_gelu};
 pub use ops::bias_mask_add::{AttnBias, AttnMask, WindowTable, bias_mask_add};
 pub use ops::bias_mask_softmax::{bias_mask_softmax, bias_mask_softmax_inplace};
-pub use ops::gather::{GatherPlan, gather};
+pub use ops::gather::{GATHER_F32_ROW, GatherPlan, gather, gather_to_f16};
 pub use ops::layer_norm::{Affine, layer_norm};
 pub use ops::layer_norm_gather::layer_norm_gather;
 pub use ops::qkv_split::{QkvSplit, qkv_split};

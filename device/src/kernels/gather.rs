@@ -1,7 +1,9 @@
 //! Gather of f16 tokens through an INT32 index table:
 //! `out[t] = idx[t] >= 0 ? src[idx[t]] : 0`.
 //!
-//! Tokens move as raw 16-byte vectors (bits are copied, never converted).
+//! Tokens move as raw 16-byte vectors (bits are copied, never converted);
+//! [`wf_gather4_f32_to_f16`] is the one entry that converts, rows of four
+//! `f32` to four halves.
 //! The host validates the table once (every entry is `-1` or in `0..n_src`);
 //! the kernel still never reads out of bounds: any entry outside `0..n_src`
 //! (negative ones included) writes zeros.
@@ -166,6 +168,58 @@ kernel! {
     pub fn wf_gather_generic(src: *const u16, idx: *const i32, out: *mut u16, n_out: u64, n_src: u64, vecs: u64) {
         // SAFETY: extents checked by the host API.
         unsafe { gather_any(src, idx, out, n_out, n_src, vecs) }
+    }
+}
+
+/// Four halves, aligned so one store is one 8-byte store.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct H4([u32; 2]);
+
+/// Gather of 16-byte rows of four `f32` into rows of four halves, each
+/// rounded to nearest even (`x as f16`: overflow to infinity, NaN stays
+/// NaN): output row `t` = `f16(src row idx[t])`, or zeros. One thread per
+/// output row: one 16-byte load and one 8-byte store. Pangu's patch
+/// embedding is such a gather: a patch's four longitudes are adjacent in
+/// the `f32` fields, so its feature vector is 48 (upper air) or 28
+/// (surface) of these rows, padding included.
+///
+/// # Safety
+/// `src` valid for `n_src * 4` floats, `out` for `n_out * 4` halves, `idx`
+/// for `n_out` entries; `src` 16-byte aligned, `out` 8-byte aligned, the
+/// two disjoint.
+#[inline(always)]
+pub unsafe fn gather_rows4_to_f16(
+    src: *const f32,
+    idx: *const i32,
+    out: *mut u16,
+    n_out: u64,
+    n_src: u64,
+) {
+    let row = u64::from(gpu::block_id()) * u64::from(ROW_BLOCK) + u64::from(gpu::thread_id());
+    if row >= n_out {
+        // No collectives in this kernel: exiting early is allowed.
+        return;
+    }
+    // SAFETY: row < n_out.
+    let s = unsafe { source_of(idx, row, n_src) };
+    let mut h = [0u32; 2];
+    if let Some(s) = s {
+        // SAFETY: s < n_src: the row lies inside `src`; 16-byte aligned.
+        let r = unsafe { src.cast::<V8>().add(s).read() };
+        let f = |i: usize| f32::from_bits(r.0[i]);
+        h = [gpu::pack2(f(0), f(1)), gpu::pack2(f(2), f(3))];
+    }
+    // SAFETY: row < n_out; 8-byte aligned.
+    unsafe { out.cast::<H4>().add(row as usize).write(H4(h)) };
+}
+
+kernel! {
+    /// Gather of rows of four `f32` into rows of four halves through an
+    /// INT32 table, rounding to nearest even.
+    pub fn wf_gather4_f32_to_f16(src: *const f32, idx: *const i32, out: *mut u16, n_out: u64, n_src: u64) {
+        // SAFETY: extents checked by the host API.
+        unsafe { gather_rows4_to_f16(src, idx, out, n_out, n_src) }
     }
 }
 

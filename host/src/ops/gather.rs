@@ -4,7 +4,9 @@
 //! `width` halves. Tokens are moved bit for bit (NaN payloads included);
 //! padding tokens are `+0.0`. The table is validated once, when the
 //! [`GatherPlan`] is built (every entry `-1` or in `0..n_src`), and lives on
-//! the device; each [`gather`] then only checks shapes.
+//! the device; each [`gather`] then only checks shapes. [`gather_to_f16`]
+//! moves rows of four `f32` through the same plans and rounds them to
+//! `f16` on the way.
 use super::Check;
 use crate::backend::Launch;
 use crate::buffer::{DeviceBuffer, Span, View, ViewMut};
@@ -212,6 +214,43 @@ pub fn gather(
             unsafe { launch::wf_gather_generic(c.q, l, src, table, out, n_out64, n_src64, vecs) }
         }
     }
+}
+
+/// Floats per row of [`gather_to_f16`]: four, one 16-byte load.
+pub const GATHER_F32_ROW: usize = 4;
+
+/// `out[t] = plan[t] >= 0 ? f16(src[plan[t]]) : 0` over rows of
+/// [`GATHER_F32_ROW`] floats: a gather that converts `f32` to `f16` in the
+/// same pass, each value rounded to nearest even (beyond 65504 to
+/// infinity, NaN to a NaN), padding rows `+0.0`. The plan's tokens are
+/// these rows: `src` is `[plan.n_src(), 4]` `f32`, `out` `[plan.len(), 4]`
+/// `f16`, both 16-byte aligned and disjoint. Every check runs before the
+/// launch.
+///
+/// Pangu's patch embedding is one such gather: a patch's four longitudes
+/// are adjacent in the fields, so zero padding, the patch layout and the
+/// conversion to `f16` are one pass.
+pub fn gather_to_f16(
+    q: &impl AsStream,
+    plan: &GatherPlan,
+    src: &View<'_, f32>,
+    out: &mut ViewMut<'_, f16>,
+) -> Result<()> {
+    let c = Check {
+        q: q.as_stream(),
+        op: "gather_to_f16",
+    };
+    let (ss, os) = (Span::from(src), Span::from(&*out));
+    let table = check_plan(&c, plan, &ss, &os, GATHER_F32_ROW)?;
+    let n_out = plan.len();
+    if n_out == 0 {
+        return Ok(());
+    }
+    let l = row_launch(&c, n_out, n_out.div_ceil(ROW_BLOCK as usize))?;
+    let (n_out64, n_src64) = (n_out as u64, plan.n_src as u64);
+    // SAFETY: the table was validated against n_src and lives as long as
+    // `plan`; extents, alignment and aliasing checked above.
+    unsafe { launch::wf_gather4_f32_to_f16(c.q, l, src.arg(), table, out.arg(), n_out64, n_src64) }
 }
 
 type GatherKernel = for<'a, 'b, 'c> unsafe fn(
