@@ -7,7 +7,7 @@
 //! every op that moves tokens that way (cloning it is cheap).
 use crate::layer_norm::{Affine, Stash, affine_views, as_affine, rows_width, same_dims};
 use crate::runner::{DevKey, Operand, Path, wf_device, wf_err};
-use candle_core::{Device, Layout, Result, Shape, Tensor};
+use candle_core::{DType, Device, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 use wavefuse::f16;
 
@@ -119,6 +119,51 @@ custom_op!(Gather, GATHER, CustomOp1, ["src"]);
 pub fn gather(src: &Tensor, plan: &Plan) -> Result<Tensor> {
     plan.check_device(GATHER, "src", src)?;
     src.apply_op1_no_bwd(&Gather::new(plan))
+}
+
+/// `out[t] = f16(src[plan[t]])` (or zero) over rows of four floats, each
+/// rounded to nearest even: `CustomOp1` on an `f32` `src` `[plan.n_src(),
+/// 4]`, giving `f16` `[plan.len(), 4]`.
+#[derive(Clone, Debug)]
+pub struct GatherToF16 {
+    plan: Plan,
+}
+
+const GATHER_TO_F16: &str = "wavefuse-gather_to_f16";
+
+impl GatherToF16 {
+    /// The op for `plan`.
+    pub fn new(plan: &Plan) -> GatherToF16 {
+        GatherToF16 { plan: plan.clone() }
+    }
+
+    fn fwd<P: Path>(&self, ins: &[Operand<'_, P::S>]) -> Result<(P::S, Shape)> {
+        let mut src = ins[0];
+        src.dtype = DType::F32;
+        let width = self.plan.src_width(GATHER_TO_F16, "src", src.l)?;
+        if width != wavefuse::GATHER_F32_ROW {
+            candle_core::bail!(
+                "{GATHER_TO_F16}: `src` rows are {width} wide, expected {}",
+                wavefuse::GATHER_F32_ROW
+            );
+        }
+        let n = self.plan.len() * width;
+        let mut o = P::run(GATHER_TO_F16, &[src], None, &[n], |io| {
+            let s = io.input::<f32>(0, 0, None)?;
+            let mut out = io.output(0, &[n])?;
+            wavefuse::gather_to_f16(io.q, &self.plan.plan, &s, &mut out[0])
+        })?;
+        Ok((o.remove(0), Shape::from((self.plan.len(), width))))
+    }
+}
+
+custom_op!(GatherToF16, GATHER_TO_F16, CustomOp1, ["src"]);
+
+/// `f32` `src` `[plan.n_src(), 4]` gathered through `plan` and rounded to
+/// `f16` in the same pass: `[plan.len(), 4]`, padding rows zero.
+pub fn gather_to_f16(src: &Tensor, plan: &Plan) -> Result<Tensor> {
+    plan.check_device(GATHER_TO_F16, "src", src)?;
+    src.apply_op1_no_bwd(&GatherToF16::new(plan))
 }
 
 /// `out[t] = LayerNorm(src[plan[t]])` (zero where the plan pads; zero also

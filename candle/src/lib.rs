@@ -10,6 +10,7 @@
 //! | [`add_layer_norm`] | [`AddLayerNorm`] (in place) | residual add + LayerNorm |
 //! | [`add_layer_norm_to`] | [`AddLayerNormTo`] | the same, residual untouched |
 //! | [`gather`] | [`Gather`] | token gather through a [`Plan`] |
+//! | [`gather_to_f16`] | [`GatherToF16`] | rows of four `f32` gathered through a [`Plan`] and rounded to `f16` |
 //! | [`layer_norm_gather`] | [`LayerNormGather`] | LayerNorm + gather |
 //! | [`add_layer_norm_gather`] | [`AddLayerNormGather`] (in place) | residual add + LayerNorm + gather |
 //! | [`bias_gelu`] | [`BiasGelu`] | bias (f16 or bf16) + GELU (erf or tanh) |
@@ -67,8 +68,8 @@ pub use attn::{
 };
 pub use bias::BiasAdd;
 pub use gather::{
-    AddLayerNormGather, Gather, LayerNormGather, Plan, add_layer_norm_gather, gather,
-    layer_norm_gather,
+    AddLayerNormGather, Gather, GatherToF16, LayerNormGather, Plan, add_layer_norm_gather, gather,
+    gather_to_f16, layer_norm_gather,
 };
 pub use gelu::{BiasGelu, bias_gelu};
 pub use layer_norm::{

@@ -305,6 +305,7 @@ fn run_cpu(
     // The uploaded inputs, alive until the launch has run.
     let mut halves = Vec::new();
     let mut bhalves = Vec::new();
+    let mut floats = Vec::new();
     let mut raws = Vec::with_capacity(ins.len());
     for o in ins {
         let (start, len) = span(op, o.name, o.l, o.s.dtype(), o.dtype)?;
@@ -323,6 +324,14 @@ fn run_cpu(
                     .map_err(&e)?;
                 let p = b.device_ptr();
                 bhalves.push(b);
+                p
+            }
+            DType::F32 => {
+                let b = dev
+                    .upload(&o.s.as_slice::<f32>()?[start..start + len])
+                    .map_err(&e)?;
+                let p = b.device_ptr();
+                floats.push(b);
                 p
             }
             d => candle_core::bail!("{op}: `{}` dtype {d:?} has no kernel", o.name),
@@ -481,6 +490,7 @@ mod cuda {
                 let (ptr, g) = match o.dtype {
                     DType::F16 => o.s.as_cuda_slice::<f16>()?.device_ptr(&stream),
                     DType::BF16 => o.s.as_cuda_slice::<wavefuse::bf16>()?.device_ptr(&stream),
+                    DType::F32 => o.s.as_cuda_slice::<f32>()?.device_ptr(&stream),
                     d => candle_core::bail!("{op}: `{}` dtype {d:?} has no kernel", o.name),
                 };
                 guards.push(g);

@@ -4,8 +4,10 @@
 //! * [`Build::Wavefuse`] (f16): wavefuse's kernels wherever one applies
 //!   (index gathers for the window partition, the 2 x 2 merge and split;
 //!   LayerNorm fused with the window reverse or the split; fused window
-//!   attention; cuBLASLt Linears with the bias in the epilogue), candle's
-//!   ops for the rest (normalisation, patch layout, residual adds);
+//!   attention; cuBLASLt Linears with the bias in the epilogue; the patch
+//!   embedding's padding, layout and conversion to f16 as one gather),
+//!   candle's ops for the rest (normalisation, recovery layout, residual
+//!   adds);
 //! * [`Build::Candle`] (f16, f32 or f64): candle's own ops, written as a
 //!   PyTorch user writes the model (the CPU check against the PyTorch
 //!   reference).
@@ -21,6 +23,8 @@ use crate::stage::ops::StageOps;
 use crate::trunk::Trunk;
 use crate::weights::Weights;
 use candle_core::{DType, Device, Tensor};
+use wavefuse_candle::Plan;
+use wavefuse_shared::PAD;
 
 /// Which ops run the network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +107,9 @@ pub struct Pangu {
     trunk: Trunk,
     recover_upper: Lin,
     recover_surface: Lin,
+    /// The wavefuse build's patch layouts: one gather each for the upper
+    /// air and the surface ([`patch_tables`]).
+    patches: Option<(Plan, Plan)>,
     wf: WavefuseOps,
 }
 
@@ -174,6 +181,13 @@ impl Pangu {
             trunk: Trunk::load(w, g, device, opts)?,
             recover_upper: lin("patch_recovery.conv", 160, 2 * c, true)?,
             recover_surface: lin("patch_recovery.conv_surface", 64, 2 * c, true)?,
+            patches: match opts.build {
+                Build::Wavefuse => {
+                    let (u, nu, s, ns) = patch_tables(&g);
+                    Some((Plan::new(&u, nu, device)?, Plan::new(&s, ns, device)?))
+                }
+                Build::Candle => None,
+            },
             wf: WavefuseOps::new(),
         })
     }
@@ -242,8 +256,8 @@ impl Pangu {
         Ok(())
     }
 
-    /// Normalised fields -> first-scale tokens `[8 h1 w1, C]`, the
-    /// surface slab first (192 upper-air and 112 surface patch features).
+    /// Fields -> first-scale tokens `[8 h1 w1, C]`, the surface slab first
+    /// (192 upper-air and 112 surface patch features).
     fn embed(&self, upper: &Tensor, surface: &Tensor) -> Result<Tensor> {
         let g = &self.geom;
         let (h, hp, h1, w1) = (g.lat, g.lat_padded, g.h1, g.w1);
@@ -251,6 +265,28 @@ impl Pangu {
         let u = upper
             .broadcast_sub(&self.upper_mean)?
             .broadcast_div(&self.upper_std)?;
+        if let Some((pu, ps)) = &self.patches {
+            // The wavefuse build: each patch layout (zero padding of levels
+            // and latitudes, the patch features' order, the constants) and
+            // the conversion to f16 is one gather of four-float rows.
+            let rows = |parts: &[&Tensor]| -> Result<Tensor> {
+                let flat: Vec<Tensor> = parts
+                    .iter()
+                    .map(|t| t.flatten_all())
+                    .collect::<candle_core::Result<_>>()?;
+                let n = flat.iter().map(|t| t.elem_count()).sum::<usize>();
+                Ok(Tensor::cat(&flat, 0)?.reshape((n / 4, 4))?)
+            };
+            let s = surface
+                .broadcast_sub(&self.surface_mean)?
+                .broadcast_div(&self.surface_std)?;
+            let u = wavefuse_candle::gather_to_f16(&rows(&[&u, &self.upper_constants])?, pu)?
+                .reshape((7 * h1 * w1, 192))?;
+            let s = wavefuse_candle::gather_to_f16(&rows(&[&s, &self.surface_constants])?, ps)?
+                .reshape((h1 * w1, 112))?;
+            self.mark("embed_layout")?;
+            return self.embed_tokens(&u, &s);
+        }
         let u = Tensor::cat(&[&u, &self.upper_constants], 0)?
             .pad_with_zeros(1, 0, 1)?
             .pad_with_zeros(2, 0, hp - h)?
@@ -278,8 +314,14 @@ impl Pangu {
             .contiguous()?
             .reshape((h1 * w1, 112))?;
         self.mark("embed_layout")?;
-        let eu = self.linear(&u, &self.embed_upper)?;
-        let es = self.linear(&s, &self.embed_surface)?;
+        self.embed_tokens(&u, &s)
+    }
+
+    /// Patch features (upper `[7 h1 w1, 192]`, surface `[h1 w1, 112]`) ->
+    /// tokens, the surface slab first.
+    fn embed_tokens(&self, u: &Tensor, s: &Tensor) -> Result<Tensor> {
+        let eu = self.linear(u, &self.embed_upper)?;
+        let es = self.linear(s, &self.embed_surface)?;
         self.mark("embed_gemm")?;
         let x = if self.opts.faults.surface_last {
             Tensor::cat(&[&eu, &es], 0)?
@@ -336,6 +378,61 @@ impl Pangu {
         let skip = self.trunk.forward(&x, &self.wf)?;
         self.recover(&skip)
     }
+}
+
+/// The wavefuse build's patch-embedding gathers over rows of four floats
+/// (four adjacent longitudes). The upper-air source is the normalised
+/// fields `[5, 13, H, W]` followed by the constant channel `[13, H, W]`;
+/// output token `(z, y, x)` of slabs 1..8 is 48 rows in feature order
+/// `(var, dz, dy)` (`dx` inside the row: features
+/// `((var * 2 + dz) * 4 + dy) * 4 + dx`), level `2 (z - 1) + dz` and
+/// latitude `4 y + dy`, padding (-1) past 13 levels and `H` rows. The
+/// surface source is the normalised fields `[4, H, W]` followed by the
+/// maps `[3, Hp, W]` (padded in the file); token `(y, x)` is 28 rows in
+/// order `(channel, dy)`. Returns (upper table, its source rows, surface
+/// table, its source rows).
+pub fn patch_tables(g: &Geometry) -> (Vec<i32>, usize, Vec<i32>, usize) {
+    let (h, hp, w, h1, w1) = (g.lat, g.lat_padded, g.lon, g.h1, g.w1);
+    let row = |elem: usize| (elem / 4) as i32;
+    let mut upper = Vec::with_capacity(7 * h1 * w1 * 48);
+    for z in 0..7 {
+        for y in 0..h1 {
+            for x in 0..w1 {
+                for c in 0..6 {
+                    for dz in 0..2 {
+                        for dy in 0..4 {
+                            let (l, lat) = (2 * z + dz, 4 * y + dy);
+                            upper.push(if l < 13 && lat < h {
+                                row(((c * 13 + l) * h + lat) * w + 4 * x)
+                            } else {
+                                PAD
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut surface = Vec::with_capacity(h1 * w1 * 28);
+    for y in 0..h1 {
+        for x in 0..w1 {
+            for c in 0..7 {
+                for dy in 0..4 {
+                    let lat = 4 * y + dy;
+                    surface.push(if c < 4 {
+                        if lat < h {
+                            row((c * h + lat) * w + 4 * x)
+                        } else {
+                            PAD
+                        }
+                    } else {
+                        row(4 * h * w + ((c - 4) * hp + lat) * w + 4 * x)
+                    });
+                }
+            }
+        }
+    }
+    (upper, 6 * 13 * h * w / 4, surface, (4 * h + 3 * hp) * w / 4)
 }
 
 fn field_dtype(dtype: DType) -> DType {
