@@ -926,3 +926,55 @@ fn ulps_counts_nan_and_infinities() {
     assert_eq!(ulps(one, f64::NEG_INFINITY), f64::INFINITY);
     assert_eq!(ulps(one, 1.0), 0.0);
 }
+
+/// `gather_to_f16`: f32 rows gathered through a plan and rounded once, as
+/// candle's own `to_dtype(F16)` of the same rows (both round to nearest
+/// even), padding rows zero; an f16 or ragged source is refused.
+#[test]
+fn gather_to_f16_rounds_as_candle() {
+    let n_src = 300;
+    let vals: Vec<f32> = (0..n_src * 4)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.1237 + if i % 97 == 0 { 7e4 } else { 0.0 })
+        .collect();
+    let table: Vec<i32> = (0..500)
+        .map(|t| {
+            if t % 9 == 4 {
+                -1
+            } else {
+                ((t * 31) % n_src) as i32
+            }
+        })
+        .collect();
+    let src = Tensor::from_slice(&vals, (n_src, 4), &Device::Cpu).unwrap();
+    on_devices(
+        "gather_to_f16",
+        |dev| {
+            let plan = Plan::new(&table, n_src, dev).unwrap();
+            let s = src.to_device(dev).unwrap();
+            let err = wavefuse_candle::gather_to_f16(&s.to_dtype(DType::F16).unwrap(), &plan);
+            assert!(err.unwrap_err().to_string().contains("F16, expected F32"));
+            let ragged = s.reshape((n_src * 2, 2)).unwrap();
+            assert!(wavefuse_candle::gather_to_f16(&ragged, &plan).is_err());
+            vec![wavefuse_candle::gather_to_f16(&s, &plan).unwrap()]
+        },
+        |o| {
+            let vals = &vals;
+            let want: Vec<f16> = table
+                .iter()
+                .flat_map(|&i| {
+                    (0..4).map(move |c| {
+                        if i < 0 {
+                            f16::ZERO
+                        } else {
+                            f16::from_f32(vals[i as usize * 4 + c])
+                        }
+                    })
+                })
+                .collect();
+            assert_eq!(o[0].len(), want.len());
+            for (k, (g, w)) in o[0].iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "element {k}");
+            }
+        },
+    );
+}
