@@ -260,6 +260,21 @@ fn emulator_rejects_bad_spans_and_streams() {
             "{past}"
         );
         assert!(View::<f16>::from_raw(&dev, p + 64, n - 32).is_ok());
+        // An address that is no f16 (or f32) address.
+        let odd = View::<f16>::from_raw(&dev, p + 1, 8)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(&odd, Error::ForeignSpan { why, .. } if why.contains("aligned to 2 bytes")),
+            "{odd}"
+        );
+        let odd = ViewMut::<f32>::from_raw(&dev, p + 2, 8)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(&odd, Error::ForeignSpan { why, .. } if why.contains("aligned to 4 bytes")),
+            "{odd}"
+        );
         let s = dev.wrap_stream(0x1234 as *mut _).map(|_| ()).unwrap_err();
         assert!(matches!(s, Error::ForeignStream { .. }), "{s}");
         // A misaligned foreign span is accepted as a view; the op that needs

@@ -270,8 +270,8 @@ pub struct ViewMut<'a, T: Elem> {
     _b: PhantomData<&'a mut T>,
 }
 
-/// The checks of a foreign span: non-null, no byte-length overflow, and
-/// the backend's (on the GPUs, the driver's pointer attributes: memory of
+/// The checks of a foreign span: non-null, no byte-length overflow,
+/// aligned for `T`, and the backend's (on the GPUs, the driver's pointer attributes: memory of
 /// this device, the whole span inside one allocation).
 fn check_foreign<T: Elem>(dev: &Device, op: &'static str, ptr: u64, len: usize) -> Result<()> {
     let bytes = byte_len::<T>(op, len)?;
@@ -287,17 +287,25 @@ fn check_foreign<T: Elem>(dev: &Device, op: &'static str, ptr: u64, len: usize) 
     if ptr.checked_add(bytes as u64).is_none() {
         return Err(fail("span overflows the address space".into()));
     }
+    let align = std::mem::align_of::<T>() as u64;
+    if !ptr.is_multiple_of(align) {
+        return Err(fail(format!(
+            "not aligned to {align} bytes, the alignment of {}",
+            T::NAME
+        )));
+    }
     dev.be.check_span(ptr, bytes).map_err(fail)
 }
 
 impl<'a, T: Elem> View<'a, T> {
     /// A view of `len` elements at device address `ptr`, memory wavefuse
     /// did not allocate (an engine's tensor). Checked before it is
-    /// returned: non-null, the byte length does not overflow, and on a GPU
-    /// the driver's pointer attributes say the whole span is device memory
-    /// of this device inside one allocation; otherwise
-    /// [`Error::ForeignSpan`] says which check failed. Alignment is checked
-    /// by each op (the vector path needs 16 bytes).
+    /// returned: non-null, the byte length does not overflow, the address
+    /// aligned for `T`, and on a GPU the driver's pointer attributes say
+    /// the whole span is device memory of this device inside one
+    /// allocation; otherwise [`Error::ForeignSpan`] says which check
+    /// failed. The 16-byte alignment of the vector path is checked by each
+    /// op.
     ///
     /// # Safety
     /// For `'a`, the span holds initialised `T`s that nothing writes while
