@@ -58,7 +58,11 @@ impl AttnTables {
                         types.len()
                     );
                 }
-                if values.len() != n_slots * tokens * tokens {
+                if n_slots
+                    .checked_mul(tokens)
+                    .and_then(|n| n.checked_mul(tokens))
+                    .is_none_or(|n| n != values.len())
+                {
                     candle_core::bail!(
                         "{OP}: {} mask values, expected {n_slots} x {tokens}^2",
                         values.len()
@@ -344,7 +348,11 @@ impl WindowAttention {
 
     fn fwd<P: Path>(&self, ins: &[Operand<'_, P::S>]) -> Result<(P::S, Shape)> {
         let (w, t, heads) = (self.tables.windows(), self.tables.tokens, self.heads);
-        let c = heads * crate::HEAD_DIM;
+        // `3 * heads * HEAD_DIM` columns must be a size at all (`w * t` is
+        // the tables' own, built from a real plan).
+        let Some(c) = heads.checked_mul(3 * crate::HEAD_DIM).map(|c3| c3 / 3) else {
+            candle_core::bail!("{ATTN}: {heads} heads is more than any tensor holds");
+        };
         let l = ins[0].l;
         if l.dims() != [w * t, 3 * c] {
             candle_core::bail!(

@@ -27,7 +27,10 @@ const QKV: &str = "wavefuse-qkv_split";
 impl QkvSplit {
     fn fwd<P: Path>(&self, ins: &[Operand<'_, P::S>]) -> Result<(P::S, Shape)> {
         let l = ins[0].l;
-        let c = self.heads * HEAD_DIM;
+        // `3 * heads * HEAD_DIM` columns must be a size at all.
+        let Some(c) = self.heads.checked_mul(3 * HEAD_DIM).map(|c3| c3 / 3) else {
+            candle_core::bail!("{QKV}: {} heads is more than any tensor holds", self.heads);
+        };
         let t = self.tokens_per_window;
         let rows = match *l.dims() {
             [r, c3] if c3 == 3 * c && t > 0 && r % t == 0 && r > 0 => r,

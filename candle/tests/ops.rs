@@ -978,3 +978,21 @@ fn gather_to_f16_rounds_as_candle() {
         },
     );
 }
+
+/// Head counts and mask sizes whose products overflow are errors, not
+/// panics or wrapped sizes.
+#[test]
+fn overflowing_sizes_are_refused() {
+    let qkv = Tensor::zeros((144, 96), DType::F16, &Device::Cpu).unwrap();
+    let e = wavefuse_candle::qkv_split(&qkv, None, usize::MAX / 64, 144, 1.0).unwrap_err();
+    assert!(e.to_string().contains("heads"), "{e}");
+    let e = AttnTables::new(
+        &[0],
+        1,
+        Some((&[0], usize::MAX / 2, &[0.0])),
+        144,
+        &Device::Cpu,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("mask values"), "{e}");
+}
