@@ -7,9 +7,9 @@ The repository speaks of the code, not of how it was made: history lives in
 git and numbers live in `docs/bench/*.jsonl`. This scans every tracked text
 file (recorded JSON, test fixtures and code objects aside) for
 
-- work-log references: "the twelfth session", "session 12";
-- run labels: "run G19", "runs ab1-ab3", "G19's";
-- absolute paths of some machine's folders (/home/..., /work/..., /Users/...).
+- work-log references: a numbered or ordinal work period (`PATTERNS`);
+- run labels: a short letter-and-number label after "run", or with "'s";
+- absolute paths under a machine's home or work folders.
 
 Each hit is printed as FILE:LINE: text; the exit code is 1 when there is one.
 Standard library only.

@@ -50,49 +50,47 @@ fn narrow_case() -> &'static Case {
 /// position (`[160]`, `[64]`, as in the released files), each its own
 /// value.
 fn make_case(width: usize, per_position: bool) -> Case {
-    {
-        let g = Geometry::new(LAT, LON).unwrap();
-        let dir = std::env::temp_dir().join(format!(
-            "pangu-network-test-{}-{width}-{per_position}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("w.safetensors");
-        let meta = Meta {
-            order: BlockOrder::Post,
-            interval_hours: Some(24),
-            grid: Some((LAT, LON)),
-            depths: DEPTHS,
-            width,
-        };
-        let mut t = weights::seeded_tensors(&g, &meta, SEED);
-        if per_position {
-            for (name, shape, v) in t.iter_mut() {
-                let n = match name.as_str() {
-                    "patch_recovery.conv.bias" => 160,
-                    "patch_recovery.conv_surface.bias" => 64,
-                    _ => continue,
-                };
-                *shape = vec![n];
-                *v = (0..n)
-                    .map(|i| 0.05 * ((i * 37 % 11) as f32 - 5.0))
-                    .collect();
-            }
+    let g = Geometry::new(LAT, LON).unwrap();
+    let dir = std::env::temp_dir().join(format!(
+        "pangu-network-test-{}-{width}-{per_position}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("w.safetensors");
+    let meta = Meta {
+        order: BlockOrder::Post,
+        interval_hours: Some(24),
+        grid: Some((LAT, LON)),
+        depths: DEPTHS,
+        width,
+    };
+    let mut t = weights::seeded_tensors(&g, &meta, SEED);
+    if per_position {
+        for (name, shape, v) in t.iter_mut() {
+            let n = match name.as_str() {
+                "patch_recovery.conv.bias" => 160,
+                "patch_recovery.conv_surface.bias" => 64,
+                _ => continue,
+            };
+            *shape = vec![n];
+            *v = (0..n)
+                .map(|i| 0.05 * ((i * 37 % 11) as f32 - 5.0))
+                .collect();
         }
-        weights::write_file(&path, &t, &meta).unwrap();
-        let w = Weights::read(&path, &g).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        let (upper, surface) = weights::seeded_inputs(&g, SEED + 1);
-        let up64: Vec<f64> = upper.iter().map(|&x| f64::from(x)).collect();
-        let sf64: Vec<f64> = surface.iter().map(|&x| f64::from(x)).collect();
-        let want = oracle::network(&w, &g, DEPTHS, &up64, &sf64);
-        Case {
-            g,
-            w,
-            upper,
-            surface,
-            want,
-        }
+    }
+    weights::write_file(&path, &t, &meta).unwrap();
+    let w = Weights::read(&path, &g).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let (upper, surface) = weights::seeded_inputs(&g, SEED + 1);
+    let up64: Vec<f64> = upper.iter().map(|&x| f64::from(x)).collect();
+    let sf64: Vec<f64> = surface.iter().map(|&x| f64::from(x)).collect();
+    let want = oracle::network(&w, &g, DEPTHS, &up64, &sf64);
+    Case {
+        g,
+        w,
+        upper,
+        surface,
+        want,
     }
 }
 
