@@ -1,7 +1,7 @@
 //! Pangu-Weather in Rust: the whole network on candle with wavefuse's
 //! fused kernels, the weight file (seeded weights shared with the PyTorch
-//! reference; a converter from the released ONNX files is not written
-//! yet), npy fields in the official layout, and the forecast rollout.
+//! reference, and [`convert`] from the released ONNX files), npy fields
+//! in the official layout, and the forecast rollout.
 //!
 //! The network is described once in `MODEL.md` (graph, tensor names,
 //! seeded generator); [`model::Pangu`] builds it (embedding, the
@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod convert;
 pub mod downsample;
 pub mod error;
 pub mod fields;
@@ -18,6 +19,7 @@ pub mod forecast;
 pub mod memory;
 pub mod model;
 pub mod nn;
+pub mod onnx;
 pub mod seeded;
 pub mod stage;
 pub mod trunk;

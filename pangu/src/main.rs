@@ -3,6 +3,7 @@
 //! ```text
 //! pangu random-weights --grid full|tiny|LATxLON --seed N --out w.safetensors [--inputs DIR]
 //! pangu info w.safetensors
+//! pangu convert --onnx pangu_weather_24.onnx --out 24h.safetensors [--interval 24h] [--dtype f16|f32]
 //! pangu forecast --weights 24h=w24.safetensors [--weights 6h=w6.safetensors]
 //!     --upper input_upper.npy --surface input_surface.npy --lead 168h --out DIR [--every 24h]
 //! pangu bench --weights w.safetensors --upper U.npy --surface S.npy --json OUT
@@ -11,6 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use pangu::config::{self, BlockOrder, Depths, Geometry};
+use pangu::convert;
 use pangu::error::{Error, Result};
 use pangu::fields::{self, Field, Kind};
 use pangu::forecast;
@@ -81,6 +83,34 @@ enum Cmd {
     Info {
         /// The weight file.
         file: PathBuf,
+    },
+    /// Converts a released ONNX file (`pangu_weather_{1,3,6,24}.onnx`) to
+    /// the model's weight file, mapping every initializer by the graph's
+    /// structure.
+    Convert {
+        /// The ONNX file.
+        #[arg(long)]
+        onnx: PathBuf,
+        /// The weight file to write (appears complete or not at all).
+        #[arg(long)]
+        out: PathBuf,
+        /// The model's interval, e.g. 24h (default: from a file named
+        /// pangu_weather_N.onnx).
+        #[arg(long)]
+        interval: Option<String>,
+        /// `f32` (as in the file) or `f16` (the learned weights; the
+        /// statistics and constant fields stay f32).
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+        /// Blocks per layer, when layers 1 and 2 do not split in halves.
+        #[arg(long)]
+        depths: Option<String>,
+        /// Also list every initializer and the tensor it became.
+        #[arg(long)]
+        list: bool,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
     },
     /// Runs a forecast to --lead with the models given.
     Forecast {
@@ -165,6 +195,23 @@ fn main() {
             inputs.as_deref(),
         ),
         Cmd::Info { file } => info(&file),
+        Cmd::Convert {
+            onnx,
+            out,
+            interval,
+            dtype,
+            depths,
+            list,
+            quiet,
+        } => convert(
+            &onnx,
+            &out,
+            interval.as_deref(),
+            &dtype,
+            depths.as_deref(),
+            list,
+            quiet,
+        ),
         Cmd::Forecast {
             weights,
             upper,
@@ -210,6 +257,66 @@ fn main() {
         eprintln!("pangu: error: {e}");
         std::process::exit(1);
     }
+}
+
+fn convert(
+    onnx: &Path,
+    out: &Path,
+    interval: Option<&str>,
+    dtype: &str,
+    depths: Option<&str>,
+    list: bool,
+    quiet: bool,
+) -> Result<()> {
+    let dtype = match dtype {
+        "f32" => convert::OutDtype::F32,
+        "f16" => convert::OutDtype::F16,
+        _ => {
+            return Err(Error::invalid(
+                "dtype",
+                format!("`{dtype}`: expected f32 or f16"),
+            ));
+        }
+    };
+    let opts = convert::Options {
+        interval_hours: interval
+            .map(|s| forecast::parse_hours("interval", s))
+            .transpose()?,
+        dtype,
+        depths: depths.map(Depths::parse).transpose()?,
+        progress: !quiet,
+    };
+    let t = Instant::now();
+    let r = convert::convert(onnx, out, &opts)?;
+    let m = &r.meta;
+    if list {
+        for x in r.constants.iter().chain(&r.mapped) {
+            println!("{:<40} -> {}", x.onnx, x.name);
+        }
+    }
+    println!(
+        "{} -> {}: {} initializers and {} constants mapped; opset {}, LayerNorm {}",
+        onnx.display(),
+        out.display(),
+        r.mapped.len(),
+        r.constants.len(),
+        r.opset,
+        r.norm_form
+    );
+    let (lat, lon) = m.grid.unwrap_or_default();
+    println!(
+        "  {}h model, {lat} x {lon}, width {}, depths {}, {}; {:.1} MB in {:.2} s",
+        m.interval_hours.unwrap_or_default(),
+        m.width,
+        m.depths.name(),
+        match dtype {
+            convert::OutDtype::F32 => "f32",
+            convert::OutDtype::F16 => "f16 weights",
+        },
+        r.bytes as f64 / 1e6,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// `full`, `tiny` or `LATxLON`.

@@ -11,32 +11,13 @@ use pangu::model::{Build, Options, Pangu};
 use pangu::weights::{self, Meta, Weights};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::OnceLock;
+
+mod common;
+use common::{ok, pangu, s};
 
 const LAT: usize = 9;
 const LON: usize = 96;
-
-fn pangu(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pangu"))
-        .args(args)
-        .output()
-        .expect("run pangu")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = pangu(args);
-    assert!(
-        o.status.success(),
-        "pangu {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
 
 /// A fresh folder for one test.
 fn scratch(name: &str) -> PathBuf {
