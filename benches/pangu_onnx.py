@@ -28,6 +28,12 @@ writes (each .onnx gzipped, as NAME.onnx.gz, for the repository):
                   table; every tensor of role row k of the table holds the
                   value k, so the mapping can be checked value by value
   manifest.json   versions, command, shapes and sha256 of every file
+
+    python benches/pangu_onnx.py --full-size pangu_weather_24.onnx
+
+writes a file of the released size instead (721 x 1440, width 192, depths
+2,6,6,2, random weights; about 1.1 GB) to measure the converter's time and
+memory on. It is not a fixture: nothing is recorded beside it.
 """
 import argparse
 import csv
@@ -339,8 +345,18 @@ def sha(path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
+    ap.add_argument("--full-size", metavar="FILE")
     args = ap.parse_args()
+    if args.full_size:
+        m = Released(721, 1440, 192, (2, 6, 6, 2), read_table()).eval()
+        fill_random(m, 24)
+        with torch.no_grad():
+            export(m, args.full_size, 17, 721, 1440)
+        print(f"{args.full_size}: {os.path.getsize(args.full_size)} bytes")
+        return
+    if not args.out:
+        ap.error("--out or --full-size is required")
     import onnx
     import onnxruntime
     os.makedirs(args.out, exist_ok=True)

@@ -1018,49 +1018,37 @@ impl Constants {
     /// order and `[4]`, after checking that the normalisation's (levels
     /// reversed, channel last) and the de-normalisation's agree.
     fn statistics(&self, g: &Graph<'_>) -> Result<[Vec<f32>; 4]> {
+        use Const::*;
         let mut out: [Vec<f32>; 4] = Default::default();
-        for (k, (i, o)) in [
-            (Const::UpperMeanIn, Const::UpperMeanOut),
-            (Const::UpperStdIn, Const::UpperStdOut),
+        for (k, (i, o, upper)) in [
+            (UpperMeanIn, UpperMeanOut, true),
+            (UpperStdIn, UpperStdOut, true),
+            (SurfaceMeanIn, SurfaceMeanOut, false),
+            (SurfaceStdIn, SurfaceStdOut, false),
         ]
         .into_iter()
         .enumerate()
         {
             let (ni, vi) = self.get(i);
             let (no, vo) = self.get(o);
-            // In: [13 (50 hPa first), 1, 1, 5]; out: [5, 1, 13 (1000 hPa first), 1, 1].
-            let mut v = vec![0f32; 65];
-            for var in 0..5 {
-                for l in 0..13 {
-                    let a = vi[(12 - l) * 5 + var];
-                    let b = vo[var * 13 + l];
-                    if (a - b).abs() > 1e-6 * a.abs().max(b.abs()) {
-                        return Err(g.error(format!(
-                            "the normalisation's `{ni}` and the de-normalisation's `{no}` differ at variable {var}, level {l}: {a} and {b}"
-                        )));
-                    }
-                    v[var * 13 + l] = b;
-                }
-            }
-            out[k] = v;
-        }
-        for (k, (i, o)) in [
-            (Const::SurfaceMeanIn, Const::SurfaceMeanOut),
-            (Const::SurfaceStdIn, Const::SurfaceStdOut),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let (ni, vi) = self.get(i);
-            let (no, vo) = self.get(o);
-            for (j, (a, b)) in vi.iter().zip(vo).enumerate() {
+            // The de-normalisation's are in file order (upper air
+            // `[5, 1, 13, 1, 1]`, 1000 hPa first); the upper-air
+            // normalisation's are `[13, 1, 1, 5]`, 50 hPa first.
+            for (j, &b) in vo.iter().enumerate() {
+                let (var, level) = if upper { (j / 13, j % 13) } else { (j, 0) };
+                let a = if upper {
+                    vi[(12 - level) * 5 + var]
+                } else {
+                    vi[j]
+                };
                 if (a - b).abs() > 1e-6 * a.abs().max(b.abs()) {
                     return Err(g.error(format!(
-                        "the normalisation's `{ni}` and the de-normalisation's `{no}` differ at variable {j}: {a} and {b}"
+                        "the normalisation's `{ni}` and the de-normalisation's `{no}` differ at variable {var}{}: {a} and {b}",
+                        if upper { format!(", level {level}") } else { String::new() }
                     )));
                 }
             }
-            out[2 + k] = vo.clone();
+            out[k] = vo.clone();
         }
         for (k, name) in [(1, "upper-air"), (3, "surface")] {
             if let Some(j) = out[k].iter().position(|&s| s <= 0.0) {

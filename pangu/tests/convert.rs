@@ -351,6 +351,24 @@ fn constant_named<'a>(g: &'a mut proto::GraphProto, name: &str) -> &'a mut proto
     n.attribute[0].t.as_mut().unwrap()
 }
 
+/// Replaces a FLOAT tensor's values.
+fn set_values(t: &mut proto::TensorProto, v: &[f32]) {
+    t.raw_data = v
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect::<Vec<u8>>()
+        .into();
+}
+
+/// The name of the Constant node whose output the first `op` node reads
+/// at `slot`.
+fn constant_read_by(g: &proto::GraphProto, op: &str, slot: usize) -> String {
+    let v = &g.node.iter().find(|n| n.op_type == op).unwrap().input[slot];
+    let n = g.node.iter().find(|n| n.output.first() == Some(v)).unwrap();
+    assert_eq!(n.op_type, "Constant");
+    n.name.clone()
+}
+
 /// The initializer a node reads at `slot`, found by the node's name.
 fn input_of(g: &proto::GraphProto, node: &str, slot: usize) -> String {
     g.node.iter().find(|n| n.name == node).unwrap().input[slot].clone()
@@ -429,11 +447,7 @@ fn damaged_graphs_are_refused_by_name_and_leave_nothing() {
             }
         }
         t.dims = vec![c as i64, r as i64];
-        t.raw_data = tv
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect::<Vec<u8>>()
-            .into();
+        set_values(t, &tv);
     });
     assert!(
         e.contains("stored [out, in]") && e.contains("onnx::MatMul_"),
@@ -442,14 +456,7 @@ fn damaged_graphs_are_refused_by_name_and_leave_nothing() {
 
     // A wrong-shaped Constant: the upper-air mean as [13, 1, 5, 1].
     let e = refused("constant", |g| {
-        let sub = g.node.iter().find(|n| n.op_type == "Sub").unwrap().input[1].clone();
-        let node = g
-            .node
-            .iter()
-            .find(|n| n.output.first() == Some(&sub))
-            .unwrap()
-            .name
-            .clone();
+        let node = constant_read_by(g, "Sub", 1);
         constant_named(g, &node).dims = vec![13, 1, 5, 1];
     });
     assert!(
@@ -507,32 +514,17 @@ fn damaged_graphs_are_refused_by_name_and_leave_nothing() {
         let t = init_named(g, "b1.a14.weight");
         let mut v = onnx::f32_values(t).unwrap();
         v[3] = f32::NAN;
-        t.raw_data = v
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect::<Vec<u8>>()
-            .into();
+        set_values(t, &v);
     });
     assert!(e.contains("norm1.weight") && e.contains("NaN"), "{e}");
 
     // Normalisation and de-normalisation statistics that differ.
     let e = refused("stats", |g| {
-        let div = g.node.iter().find(|n| n.op_type == "Div").unwrap().input[1].clone();
-        let node = g
-            .node
-            .iter()
-            .find(|n| n.output.first() == Some(&div))
-            .unwrap()
-            .name
-            .clone();
+        let node = constant_read_by(g, "Div", 1);
         let t = constant_named(g, &node);
         let mut v = onnx::f32_values(t).unwrap();
         v[0] *= 1.01;
-        t.raw_data = v
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect::<Vec<u8>>()
-            .into();
+        set_values(t, &v);
     });
     assert!(
         e.contains("differ at variable") && e.contains("/b1/Constant_"),
