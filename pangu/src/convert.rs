@@ -896,7 +896,7 @@ impl Const {
     fn shape(self, geom: &Geometry) -> Vec<usize> {
         match self {
             Const::UpperMeanIn | Const::UpperStdIn => vec![13, 1, 1, 5],
-            Const::SurfaceMeanIn | Const::SurfaceStdIn => vec![4],
+            Const::SurfaceMeanIn | Const::SurfaceStdIn => vec![4], // or 4 with unit axes
             Const::UpperConstants => vec![1, 1, 1, 13, geom.lat, geom.lon],
             Const::SurfaceConstants => vec![1, 3, geom.lat_padded, geom.lon],
             Const::UpperMeanOut | Const::UpperStdOut => vec![5, 1, 13, 1, 1],
@@ -969,7 +969,16 @@ impl<'m> Mapper<'_, 'm> {
             };
             let Some(role) = role else { continue };
             let want = role.shape(geom);
-            if d != want {
+            // The surface statistics are four values in variable order
+            // whatever unit axes surround them ([4], [4, 1, 1], ...).
+            let surface_stat = matches!(
+                role,
+                Const::SurfaceMeanIn
+                    | Const::SurfaceStdIn
+                    | Const::SurfaceMeanOut
+                    | Const::SurfaceStdOut
+            ) && d.iter().filter(|&&x| x != 1).eq([4].iter());
+            if d != want && !surface_stat {
                 return Err(g.error(format!(
                     "Constant `{}` (the {}) is {d:?}, expected {want:?}",
                     n.name,
