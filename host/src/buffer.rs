@@ -1,9 +1,9 @@
 //! Typed device memory: buffers wavefuse owns, and views — of those
 //! buffers, or of memory an engine owns ([`View::from_raw`]).
-use crate::backend::RawStream;
 use crate::device::{Device, Event};
 use crate::registry::{In, Out};
 use crate::{Error, Result};
+use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,33 +31,50 @@ macro_rules! elems {
 }
 elems!(half::f16 => "f16", u16, half::bf16 => "bf16", u16, f32 => "f32", f32, i32 => "i32", i32);
 
-/// The work on callers' streams that reads or writes one wavefuse buffer,
-/// as the latest event of each such stream. The buffer's drop waits for
-/// them before freeing (its own stream it waits for anyway).
+/// Work queued on callers' streams that has not been seen to finish: for
+/// a buffer, the work that reads or writes it (its drop waits for all of
+/// it before freeing; its own stream it waits for anyway); for a device,
+/// every launch on a caller's stream (the last handle's drop waits for all
+/// of it before the module is unloaded).
+///
+/// Every event is kept until it is seen complete, never replaced by a newer
+/// one of the same stream handle: two threads on the per-thread default
+/// stream share a handle but not an order, and a destroyed stream's handle
+/// can be reused. Finished events are dropped from the front as new ones
+/// arrive, so the list holds what the device has not reached yet.
 #[derive(Default)]
 pub(crate) struct Tracker {
-    pending: Mutex<Vec<(RawStream, Arc<Event>)>>,
+    pending: Mutex<VecDeque<Arc<Event>>>,
 }
 
 impl Tracker {
-    fn lock(&self) -> MutexGuard<'_, Vec<(RawStream, Arc<Event>)>> {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<Arc<Event>>> {
         // A panic elsewhere while holding the lock leaves a valid list.
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Work on `stream` up to `done` uses the buffer. Events of one stream
-    /// complete in order, so the newest replaces the older one.
-    pub(crate) fn note(&self, stream: RawStream, done: &Arc<Event>) {
+    /// Work up to `done` uses what this tracks.
+    pub(crate) fn note(&self, done: &Arc<Event>) {
         let mut p = self.lock();
-        match p.iter_mut().find(|(s, _)| *s == stream) {
-            Some(slot) => slot.1 = done.clone(),
-            None => p.push((stream, done.clone())),
+        // Events are mostly recorded in completion order: popping finished
+        // ones from the front keeps the list as long as the work in flight
+        // (a finished one behind an unfinished one waits for the next call).
+        while p.front().is_some_and(|e| e.query().unwrap_or(false)) {
+            p.pop_front();
         }
+        p.push_back(done.clone());
     }
 
-    fn wait_all(&self) {
-        for (_, done) in self.lock().drain(..) {
-            // A failed wait leaves nothing better to do than free: the
+    /// Events not yet seen complete.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Waits for every pending event.
+    pub(crate) fn wait_all(&self) {
+        for done in self.lock().drain(..) {
+            // A failed wait leaves nothing better to do than go on: the
             // device is in an error state either way.
             let _ = done.synchronize();
         }

@@ -84,18 +84,35 @@ fn open_backend(choice: Choice) -> Result<Arc<dyn Backend>> {
     })
 }
 
+/// Every launch on a caller's stream, shared by all handles of one open
+/// device ([`Device`] and [`Stream`] clones). The last handle's drop waits
+/// for all of it: each pending event holds the backend, so its module and
+/// context are released only after that work is done.
+#[derive(Default)]
+struct Foreign(Tracker);
+
+impl Drop for Foreign {
+    fn drop(&mut self) {
+        self.0.wait_all();
+    }
+}
+
 impl Device {
     /// Opens a device and loads the code object that matches it.
     pub fn open(choice: Choice) -> Result<Device> {
-        let be = open_backend(choice)?;
+        Ok(Device::from_backend(open_backend(choice)?))
+    }
+
+    fn from_backend(be: Arc<dyn Backend>) -> Device {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let own = Stream {
             raw: be.own_stream(),
             be: be.clone(),
             dev: id,
             foreign: false,
+            work: Arc::new(Foreign::default()),
         };
-        Ok(Device { be, id, own })
+        Device { be, id, own }
     }
 
     /// What this device is.
@@ -114,9 +131,10 @@ impl Device {
     /// default stream on the GPUs and the only stream of the emulator),
     /// checked to belong to this device's primary context. Ops given it
     /// queue their work on it; wavefuse never synchronises or destroys it.
-    /// wavefuse buffers, plans and tables used by work on it are not freed
-    /// before that work is done (each launch records an event on the
-    /// stream that the resources it reads wait for when they are dropped).
+    /// Each launch on it records an event after the work: wavefuse buffers,
+    /// plans and tables the work uses wait for it when they are dropped,
+    /// and the drop of the device's last handle ([`Device`] or [`Stream`])
+    /// waits for every such launch before the module is unloaded.
     ///
     /// # Safety
     /// `raw` is a live stream handle of this device's backend, and outlives
@@ -130,6 +148,7 @@ impl Device {
             dev: self.id,
             raw,
             foreign: raw != self.own.raw,
+            work: self.own.work.clone(),
         })
     }
 
@@ -184,6 +203,7 @@ pub struct Stream {
     dev: u64,
     raw: RawStream,
     foreign: bool,
+    work: Arc<Foreign>,
 }
 
 impl std::fmt::Debug for Stream {
@@ -249,10 +269,10 @@ impl Stream {
         }
     }
 
-    /// Queues kernel `k` on this stream. On a caller's stream, the
-    /// wavefuse buffers the arguments point into (`owners`) are told that
-    /// this work reads them: an event recorded after the launch, which
-    /// their drop waits for.
+    /// Queues kernel `k` on this stream. On a caller's stream an event is
+    /// recorded after the launch: the device's last handle waits for it
+    /// before the module is unloaded, and the wavefuse buffers the
+    /// arguments point into (`owners`) wait for it before they are freed.
     ///
     /// # Safety
     /// As [`Backend::launch`].
@@ -263,10 +283,13 @@ impl Stream {
         args: &[crate::backend::Arg],
         owners: &[Option<&Tracker>],
     ) -> Result<()> {
-        let track = self.foreign && owners.iter().any(Option::is_some);
         // Created before the launch, so that failing to create it launches
         // nothing.
-        let done = if track { Some(Event::new(self)?) } else { None };
+        let done = if self.foreign {
+            Some(Event::new(self)?)
+        } else {
+            None
+        };
         // SAFETY: caller contract; the stream as in `synchronize`.
         unsafe { self.be.launch(k, l, args, self.raw) }?;
         if let Some(done) = done {
@@ -274,8 +297,9 @@ impl Stream {
             match unsafe { self.be.event_record(done.raw, self.raw) } {
                 Ok(()) => {
                     let done = Arc::new(done);
+                    self.work.0.note(&done);
                     for o in owners.iter().flatten() {
-                        o.note(self.raw, &done);
+                        o.note(&done);
                     }
                 }
                 // Nothing can mark the end of this work: wait for it here,
@@ -309,6 +333,13 @@ impl Event {
         unsafe { self.be.event_synchronize(self.raw) }
     }
 
+    /// True when the work before this event has finished (or it was never
+    /// recorded); does not wait.
+    pub fn query(&self) -> Result<bool> {
+        // SAFETY: a live event of this backend.
+        unsafe { self.be.event_query(self.raw) }
+    }
+
     /// Milliseconds from `start` to this event (both of this device; this
     /// waits for `self`).
     pub fn elapsed_ms(&self, start: &Event) -> Result<f32> {
@@ -328,5 +359,248 @@ impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: created by `Event::new`, destroyed once.
         unsafe { self.be.event_destroy(self.raw) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The drop and tracking rules on a model of an asynchronous GPU: a
+    //! backend that queues every launch and runs it only when something
+    //! waits for it (the emulator itself runs each launch to completion,
+    //! and a GPU test needs a GPU).
+    use super::*;
+    use crate::backend::Arg;
+    use crate::info::{BackendKind, DeviceInfo};
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicUsize;
+
+    const OWN: RawStream = 1;
+    /// `CU_STREAM_PER_THREAD`: one handle, a different stream per thread.
+    const PER_THREAD: RawStream = 2;
+
+    #[derive(Default)]
+    struct State {
+        /// (stream, has run) of every launch, in queue order.
+        queue: Vec<(RawStream, bool)>,
+        /// Event -> the queue length when it was recorded.
+        events: HashMap<RawEvent, usize>,
+        next_event: RawEvent,
+    }
+
+    struct Model {
+        info: DeviceInfo,
+        /// Run each launch at once (a device that keeps up).
+        eager: bool,
+        state: Mutex<State>,
+        /// Launches still queued when the backend (its module) was dropped.
+        lost: Arc<AtomicUsize>,
+    }
+
+    impl Model {
+        fn device(eager: bool) -> (Device, Arc<AtomicUsize>) {
+            let lost = Arc::new(AtomicUsize::new(0));
+            let m = Model {
+                info: DeviceInfo {
+                    backend: BackendKind::Cpu,
+                    ordinal: 0,
+                    name: "model".into(),
+                    arch: "model".into(),
+                    code_object: "model".into(),
+                    driver: "model".into(),
+                    wave: 64,
+                    l2_bytes: 0,
+                    total_mem: 0,
+                    load_ms: 0.0,
+                    skipped: Vec::new(),
+                },
+                eager,
+                state: Mutex::new(State::default()),
+                lost: lost.clone(),
+            };
+            (Device::from_backend(Arc::new(m)), lost)
+        }
+
+        fn state(&self) -> std::sync::MutexGuard<'_, State> {
+            self.state.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        fn run_before(&self, pos: usize) {
+            for q in self.state().queue.iter_mut().take(pos) {
+                q.1 = true;
+            }
+        }
+    }
+
+    impl Drop for Model {
+        fn drop(&mut self) {
+            // As the GPU backends: the own stream is synchronised, then the
+            // module is unloaded.
+            let s = self.state();
+            let left = s
+                .queue
+                .iter()
+                .filter(|(st, ran)| !ran && *st != OWN)
+                .count();
+            self.lost.fetch_add(left, Ordering::SeqCst);
+        }
+    }
+
+    fn unsupported<T>(call: &'static str) -> Result<T> {
+        Err(Error::Driver {
+            backend: BackendKind::Cpu,
+            call,
+            code: -1,
+            detail: "not modelled".into(),
+        })
+    }
+
+    impl Backend for Model {
+        fn info(&self) -> &DeviceInfo {
+            &self.info
+        }
+        fn own_stream(&self) -> RawStream {
+            OWN
+        }
+        fn alloc(&self, _: usize) -> Result<u64> {
+            unsupported("alloc")
+        }
+        unsafe fn free(&self, _: u64) {}
+        unsafe fn upload(&self, _: u64, _: &[u8]) -> Result<()> {
+            unsupported("upload")
+        }
+        unsafe fn download(&self, _: &mut [u8], _: u64) -> Result<()> {
+            unsupported("download")
+        }
+        unsafe fn copy(&self, _: u64, _: u64, _: usize, _: RawStream) -> Result<()> {
+            unsupported("copy")
+        }
+        unsafe fn launch(&self, _: Kernel, _: Launch, _: &[Arg], stream: RawStream) -> Result<()> {
+            let eager = self.eager;
+            self.state().queue.push((stream, eager));
+            Ok(())
+        }
+        unsafe fn synchronize(&self, stream: RawStream) -> Result<()> {
+            for q in self.state().queue.iter_mut().filter(|q| q.0 == stream) {
+                q.1 = true;
+            }
+            Ok(())
+        }
+        fn event_create(&self) -> Result<RawEvent> {
+            let mut s = self.state();
+            s.next_event += 1;
+            let e = s.next_event;
+            s.events.insert(e, 0);
+            Ok(e)
+        }
+        unsafe fn event_record(&self, e: RawEvent, _: RawStream) -> Result<()> {
+            let mut s = self.state();
+            let n = s.queue.len();
+            s.events.insert(e, n);
+            Ok(())
+        }
+        unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
+            let pos = self.state().events.get(&e).copied().unwrap_or(0);
+            self.run_before(pos);
+            Ok(())
+        }
+        unsafe fn event_query(&self, e: RawEvent) -> Result<bool> {
+            let s = self.state();
+            let pos = s.events.get(&e).copied().unwrap_or(0);
+            Ok(s.queue.iter().take(pos).all(|q| q.1))
+        }
+        unsafe fn event_elapsed(&self, _: RawEvent, _: RawEvent) -> Result<f32> {
+            Ok(0.0)
+        }
+        unsafe fn event_destroy(&self, e: RawEvent) {
+            self.state().events.remove(&e);
+        }
+        unsafe fn stream_wait_event(&self, _: RawStream, _: RawEvent) -> Result<()> {
+            Ok(())
+        }
+        unsafe fn check_stream(&self, _: RawStream) -> Result<()> {
+            Ok(())
+        }
+        fn check_span(&self, _: u64, _: usize) -> std::result::Result<(), String> {
+            Ok(())
+        }
+        fn mem_info(&self) -> Result<(usize, usize)> {
+            Ok((0, 0))
+        }
+    }
+
+    const L: Launch = Launch {
+        grid: (1, 1),
+        block: 64,
+        shared_bytes: 0,
+    };
+
+    fn launch(s: &Stream, owners: &[Option<&Tracker>]) {
+        // SAFETY: the model runs nothing; no argument is read.
+        unsafe { s.launch(Kernel::ALL[0], L, &[], owners) }.unwrap();
+    }
+
+    /// The engine example's pattern: open, launch on the engine's stream
+    /// (its own memory only), return.
+    #[test]
+    fn the_last_handle_waits_for_launches_on_a_callers_stream() {
+        for device_last in [false, true] {
+            let (dev, lost) = Model::device(false);
+            // SAFETY: the model accepts any handle.
+            let s = unsafe { dev.wrap_stream(0x10 as *mut c_void) }.unwrap();
+            for _ in 0..3 {
+                launch(&s, &[]);
+            }
+            if device_last {
+                drop(s);
+                drop(dev);
+            } else {
+                drop(dev);
+                drop(s);
+            }
+            assert_eq!(
+                lost.load(Ordering::SeqCst),
+                0,
+                "module unloaded under queued work"
+            );
+        }
+    }
+
+    #[test]
+    fn finished_launches_are_not_kept() {
+        let (dev, lost) = Model::device(true);
+        // SAFETY: the model accepts any handle.
+        let s = unsafe { dev.wrap_stream(0x10 as *mut c_void) }.unwrap();
+        let t = Tracker::default();
+        for _ in 0..1000 {
+            launch(&s, &[Some(&t)]);
+        }
+        assert_eq!(s.work.0.len(), 1);
+        assert_eq!(t.len(), 1);
+        drop((s, dev, t));
+        assert_eq!(lost.load(Ordering::SeqCst), 0);
+    }
+
+    /// Two threads on the per-thread default stream share its handle but
+    /// not an order: an older event of the handle can finish after a newer
+    /// one, so a buffer waits for every event it was given.
+    #[test]
+    fn a_buffer_waits_for_every_event_of_one_stream_handle() {
+        let (dev, lost) = Model::device(false);
+        // SAFETY: the model accepts any handle.
+        let s = unsafe { dev.wrap_stream(PER_THREAD as *mut c_void) }.unwrap();
+        let t = Tracker::default();
+        launch(&s, &[Some(&t)]);
+        launch(&s, &[Some(&t)]);
+        assert_eq!(
+            t.len(),
+            2,
+            "an event of the same handle replaced an older one"
+        );
+        t.wait_all();
+        assert_eq!(t.len(), 0);
+        assert_eq!(s.work.0.len(), 2);
+        drop((s, dev));
+        assert_eq!(lost.load(Ordering::SeqCst), 0);
     }
 }

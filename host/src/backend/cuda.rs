@@ -296,6 +296,16 @@ impl Backend for Cuda {
         unsafe { cu::event::synchronize(e as sys::CUevent) }.map_err(err("cuEventSynchronize"))
     }
 
+    unsafe fn event_query(&self, e: RawEvent) -> Result<bool> {
+        self.bind()?;
+        // SAFETY: caller contract.
+        match unsafe { cu::event::query(e as sys::CUevent) } {
+            Ok(()) => Ok(true),
+            Err(cudarc::driver::DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
+            Err(x) => Err(err("cuEventQuery")(x)),
+        }
+    }
+
     unsafe fn event_elapsed(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
         self.bind()?;
         // SAFETY: caller contract.

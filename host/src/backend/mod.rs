@@ -95,6 +95,11 @@ pub trait Backend: Send + Sync {
     /// # Safety
     /// As for `event_record`.
     unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()>;
+    /// True when the work before the event's record has finished (or it
+    /// was never recorded); does not wait.
+    /// # Safety
+    /// As for `event_record`.
+    unsafe fn event_query(&self, e: RawEvent) -> Result<bool>;
     /// Milliseconds between two completed events.
     /// # Safety
     /// As for `event_record`.

@@ -25,6 +25,8 @@ pub type HipError = c_int;
 pub const HIP_SUCCESS: HipError = 0;
 /// `hipErrorNoDevice`.
 pub const HIP_ERROR_NO_DEVICE: HipError = 100;
+/// `hipErrorNotReady`: an event or stream whose work has not finished.
+pub const HIP_ERROR_NOT_READY: HipError = 600;
 /// `hipErrorInvalidDevice`.
 pub const HIP_ERROR_INVALID_DEVICE: HipError = 101;
 
@@ -227,6 +229,8 @@ pub struct Api {
     pub event_record: unsafe extern "C" fn(Event, Stream) -> HipError,
     /// `hipError_t hipEventSynchronize(hipEvent_t event)`
     pub event_synchronize: unsafe extern "C" fn(Event) -> HipError,
+    /// `hipError_t hipEventQuery(hipEvent_t event)`
+    pub event_query: unsafe extern "C" fn(Event) -> HipError,
     /// `hipError_t hipEventElapsedTime(float* ms, hipEvent_t start, hipEvent_t stop)`
     pub event_elapsed_time: unsafe extern "C" fn(*mut c_float, Event, Event) -> HipError,
     /// `hipError_t hipEventDestroy(hipEvent_t event)`
@@ -322,6 +326,7 @@ impl Api {
             event_create: sym!(lib, "hipEventCreate", file),
             event_record: sym!(lib, "hipEventRecord", file),
             event_synchronize: sym!(lib, "hipEventSynchronize", file),
+            event_query: sym!(lib, "hipEventQuery", file),
             event_elapsed_time: sym!(lib, "hipEventElapsedTime", file),
             event_destroy: sym!(lib, "hipEventDestroy", file),
             mem_get_info: sym!(lib, "hipMemGetInfo", file),

@@ -324,6 +324,12 @@ impl Backend for Hip {
         Ok(unsafe { hip::event_synchronize(self.api, e as ffi::Event) }?)
     }
 
+    unsafe fn event_query(&self, e: RawEvent) -> Result<bool> {
+        self.bind()?;
+        // SAFETY: caller contract.
+        Ok(unsafe { hip::event_query(self.api, e as ffi::Event) }?)
+    }
+
     unsafe fn event_elapsed(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
         self.bind()?;
         // SAFETY: caller contract.

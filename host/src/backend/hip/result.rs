@@ -267,6 +267,19 @@ pub unsafe fn event_synchronize(api: &Api, e: Event) -> R<()> {
     })
 }
 
+/// True when the event's work has finished (`hipSuccess`), false while
+/// it has not (`hipErrorNotReady`).
+/// # Safety
+/// `e` a live event.
+pub unsafe fn event_query(api: &Api, e: Event) -> R<bool> {
+    // SAFETY: caller contract.
+    let rc = unsafe { (api.event_query)(e) };
+    if rc == ffi::HIP_ERROR_NOT_READY {
+        return Ok(false);
+    }
+    check(api, "hipEventQuery", rc).map(|()| true)
+}
+
 /// # Safety
 /// Both live, recorded events.
 pub unsafe fn event_elapsed(api: &Api, a: Event, b: Event) -> R<f32> {
