@@ -1,6 +1,6 @@
 //! Typed device memory: buffers wavefuse owns, and views — of those
 //! buffers, or of memory an engine owns ([`View::from_raw`]).
-use crate::device::{Device, Event};
+use crate::device::{Device, Event, Stream};
 use crate::registry::{In, Out};
 use crate::{Error, Result};
 use std::collections::VecDeque;
@@ -31,49 +31,122 @@ macro_rules! elems {
 }
 elems!(half::f16 => "f16", u16, half::bf16 => "bf16", u16, f32 => "f32", f32, i32 => "i32", i32);
 
+/// How a launch uses a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// The kernel reads it.
+    Read,
+    /// The kernel writes it.
+    Write,
+}
+
+impl Access {
+    /// Whether two uses must be ordered (any write).
+    fn conflicts(self, other: Access) -> bool {
+        self == Access::Write || other == Access::Write
+    }
+
+    fn max(self, other: Access) -> Access {
+        if self.conflicts(other) {
+            Access::Write
+        } else {
+            Access::Read
+        }
+    }
+}
+
 /// Work queued on callers' streams that has not been seen to finish: for
-/// a buffer, the work that reads or writes it (its drop waits for all of
-/// it before freeing; its own stream it waits for anyway); for a device,
-/// every launch on a caller's stream (the last handle's drop waits for all
-/// of it before the module is unloaded).
+/// a buffer, the work that reads or writes it; for a device, every launch
+/// on a caller's stream (the last handle's drop waits for all of it before
+/// the module is unloaded).
 ///
 /// Every event is kept until it is seen complete, never replaced by a newer
 /// one of the same stream handle: two threads on the per-thread default
 /// stream share a handle but not an order, and a destroyed stream's handle
 /// can be reused. Finished events are dropped from the front as new ones
 /// arrive, so the list holds what the device has not reached yet.
+///
+/// For a buffer it also orders work across streams, as cudarc does: a
+/// launch waits (on the device, `cuStreamWaitEvent` / `hipStreamWaitEvent`)
+/// for the pending uses it conflicts with: a read for the writes, a write
+/// for every use. Uses on the device's own stream record no event; when a
+/// caller's stream next needs to wait for them, an event is recorded on the
+/// own stream then (it covers everything queued there so far).
 #[derive(Default)]
 pub(crate) struct Tracker {
-    pending: Mutex<VecDeque<Arc<Event>>>,
+    uses: Mutex<Uses>,
+}
+
+#[derive(Default)]
+struct Uses {
+    /// Events on callers' streams (and own-stream events recorded for
+    /// them), with the access of the work before each.
+    pending: VecDeque<(Arc<Event>, Access)>,
+    /// The strongest use on the own stream since its last event here.
+    own: Option<Access>,
 }
 
 impl Tracker {
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Arc<Event>>> {
-        // A panic elsewhere while holding the lock leaves a valid list.
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Uses> {
+        // A panic elsewhere while holding the lock leaves valid lists.
+        self.uses.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Work up to `done` uses what this tracks.
-    pub(crate) fn note(&self, done: &Arc<Event>) {
-        let mut p = self.lock();
-        // Events are mostly recorded in completion order: popping finished
-        // ones from the front keeps the list as long as the work in flight
-        // (a finished one behind an unfinished one waits for the next call).
-        while p.front().is_some_and(|e| e.query().unwrap_or(false)) {
-            p.pop_front();
+    /// Events are mostly recorded in completion order: popping finished
+    /// ones from the front keeps the list as long as the work in flight (a
+    /// finished one behind an unfinished one goes at a later call).
+    fn prune(u: &mut Uses) {
+        while u
+            .pending
+            .front()
+            .is_some_and(|e| e.0.query().unwrap_or(false))
+        {
+            u.pending.pop_front();
         }
-        p.push_back(done.clone());
+    }
+
+    /// Before a launch that uses this with `access` on `s`: makes `s` wait
+    /// for the pending uses that conflict with it.
+    pub(crate) fn order(&self, s: &Stream, access: Access) -> Result<()> {
+        let mut u = self.lock();
+        Tracker::prune(&mut u);
+        if s.is_foreign()
+            && let Some(own) = u.own
+            && own.conflicts(access)
+        {
+            u.pending.push_back((Arc::new(s.record_own()?), own));
+            u.own = None;
+        }
+        for (e, a) in &u.pending {
+            if a.conflicts(access) && !e.query().unwrap_or(false) {
+                s.wait(e)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a launch on the device's own stream that uses this.
+    pub(crate) fn used_on_own(&self, access: Access) {
+        let mut u = self.lock();
+        u.own = Some(u.own.map_or(access, |o| o.max(access)));
+    }
+
+    /// Work up to `done` (on a caller's stream) uses this with `access`.
+    pub(crate) fn note(&self, done: &Arc<Event>, access: Access) {
+        let mut u = self.lock();
+        Tracker::prune(&mut u);
+        u.pending.push_back((done.clone(), access));
     }
 
     /// Events not yet seen complete.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().pending.len()
     }
 
     /// Waits for every pending event.
     pub(crate) fn wait_all(&self) {
-        for done in self.lock().drain(..) {
+        for (done, _) in self.lock().pending.drain(..) {
             // A failed wait leaves nothing better to do than go on: the
             // device is in an error state either way.
             let _ = done.synchronize();
@@ -209,7 +282,10 @@ impl<T: Elem> DeviceBuffer<T> {
                 self.len * size_of::<T>(),
                 self.dev.be.own_stream(),
             )
-        }
+        }?;
+        self.uses.used_on_own(Access::Write);
+        src.uses.used_on_own(Access::Read);
+        Ok(())
     }
 
     /// The whole buffer, read-only.

@@ -1,6 +1,6 @@
 //! Opening a device; streams (wavefuse's own and the caller's) and events.
 use crate::backend::{self, Backend, Launch, RawEvent, RawStream};
-use crate::buffer::Tracker;
+use crate::buffer::{Access, Tracker};
 use crate::info::{BackendKind, DeviceInfo, Wave};
 use crate::registry::Kernel;
 use crate::{Error, Result};
@@ -269,10 +269,22 @@ impl Stream {
         }
     }
 
-    /// Queues kernel `k` on this stream. On a caller's stream an event is
-    /// recorded after the launch: the device's last handle waits for it
-    /// before the module is unloaded, and the wavefuse buffers the
-    /// arguments point into (`owners`) wait for it before they are freed.
+    /// Records an event on the device's own stream (covering everything
+    /// queued there so far).
+    pub(crate) fn record_own(&self) -> Result<Event> {
+        let e = Event::new(self)?;
+        // SAFETY: a fresh event; the backend's own stream.
+        unsafe { self.be.event_record(e.raw, self.be.own_stream()) }?;
+        Ok(e)
+    }
+
+    /// Queues kernel `k` on this stream, after the work on other streams
+    /// that the wavefuse buffers its arguments point into (`owners`, with
+    /// how the kernel uses each) must follow: a read after their writes, a
+    /// write after every use. On a caller's stream an event is recorded
+    /// after the launch: the device's last handle waits for it before the
+    /// module is unloaded, the owners wait for it before they are freed,
+    /// and later conflicting work on other streams waits for it.
     ///
     /// # Safety
     /// As [`Backend::launch`].
@@ -281,8 +293,11 @@ impl Stream {
         k: Kernel,
         l: Launch,
         args: &[crate::backend::Arg],
-        owners: &[Option<&Tracker>],
+        owners: &[Option<(&Tracker, Access)>],
     ) -> Result<()> {
+        for (t, a) in owners.iter().flatten() {
+            t.order(self, *a)?;
+        }
         // Created before the launch, so that failing to create it launches
         // nothing.
         let done = if self.foreign {
@@ -297,14 +312,18 @@ impl Stream {
             match unsafe { self.be.event_record(done.raw, self.raw) } {
                 Ok(()) => {
                     let done = Arc::new(done);
-                    self.work.0.note(&done);
-                    for o in owners.iter().flatten() {
-                        o.note(&done);
+                    self.work.0.note(&done, Access::Write);
+                    for (t, a) in owners.iter().flatten() {
+                        t.note(&done, *a);
                     }
                 }
                 // Nothing can mark the end of this work: wait for it here,
                 // so that no owner is freed under it.
                 Err(_) => self.synchronize()?,
+            }
+        } else {
+            for (t, a) in owners.iter().flatten() {
+                t.used_on_own(*a);
             }
         }
         Ok(())
@@ -386,20 +405,30 @@ mod tests {
         /// Event -> the queue length when it was recorded.
         events: HashMap<RawEvent, usize>,
         next_event: RawEvent,
+        /// (event, stream) of every record, in order.
+        records: Vec<(RawEvent, RawStream)>,
+        /// (stream, event) of every device-side wait, in order.
+        waits: Vec<(RawStream, RawEvent)>,
     }
 
     struct Model {
         info: DeviceInfo,
         /// Run each launch at once (a device that keeps up).
         eager: bool,
-        state: Mutex<State>,
+        state: Arc<Mutex<State>>,
         /// Launches still queued when the backend (its module) was dropped.
         lost: Arc<AtomicUsize>,
     }
 
     impl Model {
         fn device(eager: bool) -> (Device, Arc<AtomicUsize>) {
+            let (d, lost, _) = Model::device_with_state(eager);
+            (d, lost)
+        }
+
+        fn device_with_state(eager: bool) -> (Device, Arc<AtomicUsize>, Arc<Mutex<State>>) {
             let lost = Arc::new(AtomicUsize::new(0));
+            let state = Arc::new(Mutex::new(State::default()));
             let m = Model {
                 info: DeviceInfo {
                     backend: BackendKind::Cpu,
@@ -415,10 +444,10 @@ mod tests {
                     skipped: Vec::new(),
                 },
                 eager,
-                state: Mutex::new(State::default()),
+                state: state.clone(),
                 lost: lost.clone(),
             };
-            (Device::from_backend(Arc::new(m)), lost)
+            (Device::from_backend(Arc::new(m)), lost, state)
         }
 
         fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -493,10 +522,11 @@ mod tests {
             s.events.insert(e, 0);
             Ok(e)
         }
-        unsafe fn event_record(&self, e: RawEvent, _: RawStream) -> Result<()> {
+        unsafe fn event_record(&self, e: RawEvent, stream: RawStream) -> Result<()> {
             let mut s = self.state();
             let n = s.queue.len();
             s.events.insert(e, n);
+            s.records.push((e, stream));
             Ok(())
         }
         unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
@@ -515,7 +545,8 @@ mod tests {
         unsafe fn event_destroy(&self, e: RawEvent) {
             self.state().events.remove(&e);
         }
-        unsafe fn stream_wait_event(&self, _: RawStream, _: RawEvent) -> Result<()> {
+        unsafe fn stream_wait_event(&self, stream: RawStream, e: RawEvent) -> Result<()> {
+            self.state().waits.push((stream, e));
             Ok(())
         }
         unsafe fn check_stream(&self, _: RawStream) -> Result<()> {
@@ -535,7 +566,7 @@ mod tests {
         shared_bytes: 0,
     };
 
-    fn launch(s: &Stream, owners: &[Option<&Tracker>]) {
+    fn launch(s: &Stream, owners: &[Option<(&Tracker, Access)>]) {
         // SAFETY: the model runs nothing; no argument is read.
         unsafe { s.launch(Kernel::ALL[0], L, &[], owners) }.unwrap();
     }
@@ -573,7 +604,7 @@ mod tests {
         let s = unsafe { dev.wrap_stream(0x10 as *mut c_void) }.unwrap();
         let t = Tracker::default();
         for _ in 0..1000 {
-            launch(&s, &[Some(&t)]);
+            launch(&s, &[Some((&t, Access::Read))]);
         }
         assert_eq!(s.work.0.len(), 1);
         assert_eq!(t.len(), 1);
@@ -590,8 +621,8 @@ mod tests {
         // SAFETY: the model accepts any handle.
         let s = unsafe { dev.wrap_stream(PER_THREAD as *mut c_void) }.unwrap();
         let t = Tracker::default();
-        launch(&s, &[Some(&t)]);
-        launch(&s, &[Some(&t)]);
+        launch(&s, &[Some((&t, Access::Read))]);
+        launch(&s, &[Some((&t, Access::Read))]);
         assert_eq!(
             t.len(),
             2,
@@ -601,6 +632,79 @@ mod tests {
         assert_eq!(t.len(), 0);
         assert_eq!(s.work.0.len(), 2);
         drop((s, dev));
+        assert_eq!(lost.load(Ordering::SeqCst), 0);
+    }
+
+    /// The event of the last record on `stream`.
+    fn last_record(st: &Mutex<State>, stream: RawStream) -> RawEvent {
+        let s = st.lock().unwrap();
+        s.records.iter().rev().find(|r| r.1 == stream).unwrap().0
+    }
+
+    fn waited(st: &Mutex<State>, stream: RawStream, e: RawEvent) -> bool {
+        st.lock().unwrap().waits.contains(&(stream, e))
+    }
+
+    #[test]
+    fn callers_streams_are_ordered_by_the_buffers_they_share() {
+        let (dev, lost, st) = Model::device_with_state(false);
+        // SAFETY: the model accepts any handle.
+        let a = unsafe { dev.wrap_stream(0x10 as *mut c_void) }.unwrap();
+        // SAFETY: as above.
+        let b = unsafe { dev.wrap_stream(0x20 as *mut c_void) }.unwrap();
+        let t = Tracker::default();
+        launch(&a, &[Some((&t, Access::Write))]);
+        let wa = last_record(&st, 0x10);
+        // Read after write: waits.
+        launch(&b, &[Some((&t, Access::Read))]);
+        assert!(
+            waited(&st, 0x20, wa),
+            "a read on B did not wait for A's write"
+        );
+        let rb = last_record(&st, 0x20);
+        // Read after read: concurrent readers do not wait for each other.
+        launch(&a, &[Some((&t, Access::Read))]);
+        assert!(!waited(&st, 0x10, rb), "two reads were serialised");
+        // Write after read: waits for every reader.
+        launch(&a, &[Some((&t, Access::Write))]);
+        assert!(
+            waited(&st, 0x10, rb),
+            "a write on A did not wait for B's read"
+        );
+        t.wait_all();
+        drop((a, b, dev));
+        assert_eq!(lost.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_own_stream_and_callers_streams_are_ordered() {
+        let (dev, lost, st) = Model::device_with_state(false);
+        // SAFETY: the model accepts any handle.
+        let b = unsafe { dev.wrap_stream(0x20 as *mut c_void) }.unwrap();
+        let t = Tracker::default();
+        launch(dev.stream(), &[Some((&t, Access::Write))]);
+        assert!(
+            st.lock().unwrap().records.is_empty(),
+            "an own-stream launch recorded an event"
+        );
+        // A caller's read after an own-stream write: an event is recorded on
+        // the own stream then, and waited for.
+        launch(&b, &[Some((&t, Access::Read))]);
+        let own = last_record(&st, OWN);
+        assert!(
+            waited(&st, 0x20, own),
+            "B did not wait for the own stream's write"
+        );
+        // An own-stream read after a caller's write waits for it.
+        launch(&b, &[Some((&t, Access::Write))]);
+        let wb = last_record(&st, 0x20);
+        launch(dev.stream(), &[Some((&t, Access::Read))]);
+        assert!(
+            waited(&st, OWN, wb),
+            "the own stream did not wait for B's write"
+        );
+        t.wait_all();
+        drop((b, dev));
         assert_eq!(lost.load(Ordering::SeqCst), 0);
     }
 }

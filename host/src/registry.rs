@@ -8,7 +8,7 @@
 //! not compile.
 use crate::Result;
 use crate::backend::Arg;
-use crate::buffer::Tracker;
+use crate::buffer::{Access, Tracker};
 use std::marker::PhantomData;
 
 /// A device address for a kernel's `*const T` parameter, with the
@@ -84,7 +84,9 @@ impl<'a, T> Out<'a, T> {
 pub(crate) trait Param {
     type Host<'a>: Copy;
     fn arg(h: &Self::Host<'_>) -> Arg;
-    fn owner<'a>(h: &Self::Host<'a>) -> Option<&'a Tracker>;
+    /// The wavefuse buffer the argument points into, and how the kernel
+    /// uses it.
+    fn owner<'a>(h: &Self::Host<'a>) -> Option<(&'a Tracker, Access)>;
 }
 
 impl<T> Param for *const T {
@@ -92,8 +94,8 @@ impl<T> Param for *const T {
     fn arg(h: &In<'_, T>) -> Arg {
         Arg::Ptr(h.addr)
     }
-    fn owner<'a>(h: &Self::Host<'a>) -> Option<&'a Tracker> {
-        h.owner
+    fn owner<'a>(h: &Self::Host<'a>) -> Option<(&'a Tracker, Access)> {
+        h.owner.map(|t| (t, Access::Read))
     }
 }
 
@@ -102,8 +104,8 @@ impl<T> Param for *mut T {
     fn arg(h: &Out<'_, T>) -> Arg {
         Arg::Ptr(h.addr)
     }
-    fn owner<'a>(h: &Self::Host<'a>) -> Option<&'a Tracker> {
-        h.owner
+    fn owner<'a>(h: &Self::Host<'a>) -> Option<(&'a Tracker, Access)> {
+        h.owner.map(|t| (t, Access::Write))
     }
 }
 
@@ -114,7 +116,7 @@ macro_rules! scalar_params {
             fn arg(h: &$t) -> Arg {
                 Arg::$v(*h)
             }
-            fn owner<'a>(_: &Self::Host<'a>) -> Option<&'a Tracker> {
+            fn owner<'a>(_: &Self::Host<'a>) -> Option<(&'a Tracker, Access)> {
                 None
             }
         }
