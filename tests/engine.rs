@@ -7,7 +7,9 @@
 //! names it): buffers and a non-blocking stream made with cudarc, a chain
 //! of kernels queued on that stream with no synchronisation between the
 //! launches, guard regions around every span, the pointer and stream
-//! rejections, and a plan dropped while work that reads it is still queued.
+//! rejections, a plan dropped while work that reads it is still queued,
+//! the device itself dropped while work is queued on the engine's stream,
+//! and the engine's current context left as it was.
 mod common;
 
 use common::{Rng, agrees_with_emulator};
@@ -576,4 +578,86 @@ fn cuda_rejects_foreign_pointers_and_streams() {
         assert!(d.is_foreign());
     }
     buf.read(&s, "buf");
+}
+
+/// The engine example's pattern: open, queue work on the engine's stream
+/// (engine memory only), drop every wavefuse handle at once. The work must
+/// still run to the end and give the right result: the last handle waits
+/// for it before unloading the module.
+#[test]
+fn cuda_device_dropped_with_work_queued_on_engine_stream() {
+    let Some((dev, ctx)) = cuda() else { return };
+    let s = ctx.new_stream().expect("engine stream");
+    let mut rng = Rng(9);
+    let big = rng.halves(8192 * 768, 1.0, 0.0);
+    let small = rng.halves(64 * W, 1.0, 0.0);
+    let be = Guarded::new(&s, &big, 8);
+    let bo = Guarded::new(&s, &big, 8);
+    let x = Guarded::new(&s, &small, 8);
+    let y = Guarded::new(&s, &vec![f16::ZERO; small.len()], 8);
+    {
+        // SAFETY: `s` outlives `q`.
+        let q = unsafe { dev.wrap_stream(s.cu_stream().cast()) }.expect("wrap");
+        // SAFETY: the cudarc buffers outlive the work (read back below, on
+        // the same stream).
+        unsafe {
+            for _ in 0..200 {
+                layer_norm(
+                    &q,
+                    &be.view(&dev, &s),
+                    &mut bo.view_mut(&dev, &s),
+                    768,
+                    None,
+                    1e-5,
+                )
+                .expect("ln");
+            }
+            layer_norm(
+                &q,
+                &x.view(&dev, &s),
+                &mut y.view_mut(&dev, &s),
+                W,
+                None,
+                1e-5,
+            )
+            .expect("ln");
+        }
+        drop(q);
+        drop(dev);
+    }
+    let got = y.read(&s, "y");
+    let cpu = Device::open(Choice::Cpu(Wave::W64)).expect("emulator");
+    let xc = cpu.upload(&small).expect("upload");
+    let mut yc = cpu.alloc::<f16>(small.len()).expect("alloc");
+    layer_norm(&cpu, &xc.view(), &mut yc.view_mut(), W, None, 1e-5).expect("ln");
+    let want = yc.download().expect("download");
+    agrees_with_emulator(wavefuse::BackendKind::Cuda, "y", &got, &want);
+}
+
+/// Every call binds wavefuse's context for its duration only: a thread
+/// with no current context still has none afterwards.
+#[test]
+fn cuda_leaves_the_current_context_as_it_was() {
+    use cudarc::driver::result::ctx;
+    let Some((dev, _ctx)) = cuda() else { return };
+    std::thread::spawn(move || {
+        // SAFETY: null unbinds the thread's context.
+        unsafe { ctx::set_current(std::ptr::null_mut()) }.expect("unbind");
+        let b = dev.upload(&[f16::ONE; 256]).expect("upload");
+        assert_eq!(b.download().expect("download")[0], f16::ONE);
+        assert_eq!(
+            ctx::get_current().expect("get"),
+            None,
+            "wavefuse left its context current"
+        );
+        drop(b);
+        drop(dev);
+        assert_eq!(
+            ctx::get_current().expect("get"),
+            None,
+            "dropping left a context current"
+        );
+    })
+    .join()
+    .expect("thread");
 }

@@ -95,7 +95,7 @@ pub fn open(ordinal: usize) -> Result<Cuda> {
         stream: ptr::null_mut(),
         funcs: Vec::new(),
     };
-    c.bind()?;
+    let _bound = c.bind()?;
     let attr = |a| {
         // SAFETY: valid device and attribute.
         unsafe { cu::device::get_attribute(dev, a) }.map_err(err("cuDeviceGetAttribute"))
@@ -150,10 +150,37 @@ pub fn open(ordinal: usize) -> Result<Cuda> {
     Ok(c)
 }
 
+/// The backend's context made current for one call. When it drops, the
+/// context that was current before (or none) is current again, so that an
+/// engine's own context survives every wavefuse call.
+struct Bound {
+    prev: sys::CUcontext,
+    ours: sys::CUcontext,
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if self.prev != self.ours {
+            // SAFETY: `prev` was current on this thread when the call began
+            // (live), or null, which unbinds.
+            let _ = unsafe { cu::ctx::set_current(self.prev) };
+        }
+    }
+}
+
 impl Cuda {
-    fn bind(&self) -> Result<()> {
-        // SAFETY: the context is retained for the backend's lifetime.
-        unsafe { cu::ctx::set_current(self.ctx) }.map_err(err("cuCtxSetCurrent"))
+    fn bind(&self) -> Result<Bound> {
+        let prev = cu::ctx::get_current()
+            .map_err(err("cuCtxGetCurrent"))?
+            .unwrap_or(ptr::null_mut());
+        if prev != self.ctx {
+            // SAFETY: the context is retained for the backend's lifetime.
+            unsafe { cu::ctx::set_current(self.ctx) }.map_err(err("cuCtxSetCurrent"))?;
+        }
+        Ok(Bound {
+            prev,
+            ours: self.ctx,
+        })
     }
 
     fn pointer_attrs(&self, addr: u64) -> Result<PtrAttrs> {
@@ -206,13 +233,13 @@ impl Backend for Cuda {
     }
 
     fn alloc(&self, bytes: usize) -> Result<u64> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: plain device allocation (never managed memory).
         unsafe { cu::malloc_sync(bytes.max(1)) }.map_err(err("cuMemAlloc"))
     }
 
     unsafe fn free(&self, ptr: u64) {
-        if self.bind().is_ok() {
+        if let Ok(_bound) = self.bind() {
             // Queued work may still use the buffer: let it finish first.
             // SAFETY: ptr came from cuMemAlloc; the stream is ours.
             unsafe {
@@ -223,7 +250,7 @@ impl Backend for Cuda {
     }
 
     unsafe fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract; `src` outlives the copy because we wait.
         unsafe {
             cu::memcpy_htod_async(dst, src, self.stream).map_err(err("cuMemcpyHtoDAsync"))?;
@@ -232,7 +259,7 @@ impl Backend for Cuda {
     }
 
     unsafe fn download(&self, dst: &mut [u8], src: u64) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract; we wait before returning.
         unsafe {
             cu::memcpy_dtoh_async(dst, src, self.stream).map_err(err("cuMemcpyDtoHAsync"))?;
@@ -241,14 +268,14 @@ impl Backend for Cuda {
     }
 
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         unsafe { cu::memcpy_dtod_async(dst, src, bytes, stream as sys::CUstream) }
             .map_err(err("cuMemcpyDtoDAsync"))
     }
 
     unsafe fn launch(&self, k: Kernel, l: Launch, args: &[Arg], stream: RawStream) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let f = *self
             .funcs
             .get(k as usize)
@@ -270,34 +297,34 @@ impl Backend for Cuda {
     }
 
     unsafe fn synchronize(&self, stream: RawStream) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         unsafe { cu::stream::synchronize(stream as sys::CUstream) }
             .map_err(err("cuStreamSynchronize"))
     }
 
     fn event_create(&self) -> Result<RawEvent> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let e = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
             .map_err(err("cuEventCreate"))?;
         Ok(e as RawEvent)
     }
 
     unsafe fn event_record(&self, e: RawEvent, stream: RawStream) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         unsafe { cu::event::record(e as sys::CUevent, stream as sys::CUstream) }
             .map_err(err("cuEventRecord"))
     }
 
     unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         unsafe { cu::event::synchronize(e as sys::CUevent) }.map_err(err("cuEventSynchronize"))
     }
 
     unsafe fn event_query(&self, e: RawEvent) -> Result<bool> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         match unsafe { cu::event::query(e as sys::CUevent) } {
             Ok(()) => Ok(true),
@@ -307,21 +334,21 @@ impl Backend for Cuda {
     }
 
     unsafe fn event_elapsed(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         unsafe { cu::event::elapsed(start as sys::CUevent, end as sys::CUevent) }
             .map_err(err("cuEventElapsedTime"))
     }
 
     unsafe fn event_destroy(&self, e: RawEvent) {
-        if self.bind().is_ok() {
+        if let Ok(_bound) = self.bind() {
             // SAFETY: caller contract.
             let _ = unsafe { cu::event::destroy(e as sys::CUevent) };
         }
     }
 
     unsafe fn stream_wait_event(&self, stream: RawStream, e: RawEvent) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         unsafe {
             cu::stream::wait_event(
@@ -334,7 +361,7 @@ impl Backend for Cuda {
     }
 
     unsafe fn check_stream(&self, stream: RawStream) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut ctx: sys::CUcontext = ptr::null_mut();
         // SAFETY: caller contract (a live stream or 0); out-pointer to a local.
         unsafe { sys::cuStreamGetCtx(stream as sys::CUstream, &mut ctx) }
@@ -359,14 +386,14 @@ impl Backend for Cuda {
     }
 
     fn mem_info(&self) -> Result<(usize, usize)> {
-        self.bind()?;
+        let _bound = self.bind()?;
         cu::mem_get_info().map_err(err("cuMemGetInfo"))
     }
 }
 
 impl Drop for Cuda {
     fn drop(&mut self) {
-        if self.bind().is_ok() {
+        if let Ok(_bound) = self.bind() {
             // SAFETY: handles created in `open`, released once; null ones
             // (open failed before creating them) are skipped.
             unsafe {

@@ -175,6 +175,8 @@ pub struct Api {
     pub get_device_count: unsafe extern "C" fn(*mut c_int) -> HipError,
     /// `hipError_t hipSetDevice(int deviceId)`
     pub set_device: unsafe extern "C" fn(c_int) -> HipError,
+    /// `hipError_t hipGetDevice(int* device)`
+    pub get_device: unsafe extern "C" fn(*mut c_int) -> HipError,
     /// `hipError_t hipGetDevicePropertiesR0600(hipDeviceProp_tR0600*, int)`
     /// when present, else `hipGetDeviceProperties(hipDeviceProp_t*, int)`.
     pub get_device_properties: unsafe extern "C" fn(*mut c_void, c_int) -> HipError,
@@ -307,6 +309,7 @@ impl Api {
             init: sym!(lib, "hipInit", file),
             get_device_count: sym!(lib, "hipGetDeviceCount", file),
             set_device: sym!(lib, "hipSetDevice", file),
+            get_device: sym!(lib, "hipGetDevice", file),
             get_device_properties,
             device_get_attribute: sym!(lib, "hipDeviceGetAttribute", file),
             runtime_get_version: sym!(lib, "hipRuntimeGetVersion", file),

@@ -16,6 +16,23 @@ use std::ptr;
 use std::time::Instant;
 
 /// One HIP device with its module loaded and one non-blocking stream.
+/// The backend's device made current for one call. When it drops, the
+/// device that was current before is current again, so that an engine's
+/// own device survives every wavefuse call.
+struct Bound {
+    api: &'static Api,
+    prev: c_int,
+    ours: c_int,
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if self.prev != self.ours {
+            let _ = hip::set_device(self.api, self.prev);
+        }
+    }
+}
+
 pub struct Hip {
     api: &'static Api,
     info: DeviceInfo,
@@ -224,8 +241,16 @@ fn hip_version(v: c_int) -> String {
 }
 
 impl Hip {
-    fn bind(&self) -> Result<()> {
-        Ok(hip::set_device(self.api, self.ordinal)?)
+    fn bind(&self) -> Result<Bound> {
+        let prev = hip::get_device(self.api)?;
+        if prev != self.ordinal {
+            hip::set_device(self.api, self.ordinal)?;
+        }
+        Ok(Bound {
+            api: self.api,
+            prev,
+            ours: self.ordinal,
+        })
     }
 }
 
@@ -239,12 +264,12 @@ impl Backend for Hip {
     }
 
     fn alloc(&self, bytes: usize) -> Result<u64> {
-        self.bind()?;
+        let _bound = self.bind()?;
         Ok(hip::malloc(self.api, bytes.max(1))?)
     }
 
     unsafe fn free(&self, ptr: u64) {
-        if self.bind().is_ok() {
+        if let Ok(_bound) = self.bind() {
             // SAFETY: our stream; then caller contract (queued work that
             // used the buffer was on it).
             unsafe {
@@ -255,7 +280,7 @@ impl Backend for Hip {
     }
 
     unsafe fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract; `src` outlives the copy because we wait.
         unsafe {
             hip::memcpy_htod_async(self.api, dst, src, self.stream)?;
@@ -264,7 +289,7 @@ impl Backend for Hip {
     }
 
     unsafe fn download(&self, dst: &mut [u8], src: u64) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract; we wait before returning.
         unsafe {
             hip::memcpy_dtoh_async(self.api, dst, src, self.stream)?;
@@ -273,13 +298,13 @@ impl Backend for Hip {
     }
 
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         Ok(unsafe { hip::memcpy_dtod_async(self.api, dst, src, bytes, stream as ffi::Stream) }?)
     }
 
     unsafe fn launch(&self, k: Kernel, l: Launch, args: &[Arg], stream: RawStream) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let f = *self
             .funcs
             .get(k as usize)
@@ -302,55 +327,55 @@ impl Backend for Hip {
     }
 
     unsafe fn synchronize(&self, stream: RawStream) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         Ok(unsafe { hip::stream_synchronize(self.api, stream as ffi::Stream) }?)
     }
 
     fn event_create(&self) -> Result<RawEvent> {
-        self.bind()?;
+        let _bound = self.bind()?;
         Ok(hip::event_create(self.api)? as RawEvent)
     }
 
     unsafe fn event_record(&self, e: RawEvent, stream: RawStream) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         Ok(unsafe { hip::event_record(self.api, e as ffi::Event, stream as ffi::Stream) }?)
     }
 
     unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         Ok(unsafe { hip::event_synchronize(self.api, e as ffi::Event) }?)
     }
 
     unsafe fn event_query(&self, e: RawEvent) -> Result<bool> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         Ok(unsafe { hip::event_query(self.api, e as ffi::Event) }?)
     }
 
     unsafe fn event_elapsed(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         Ok(unsafe { hip::event_elapsed(self.api, start as ffi::Event, end as ffi::Event) }?)
     }
 
     unsafe fn event_destroy(&self, e: RawEvent) {
-        if self.bind().is_ok() {
+        if let Ok(_bound) = self.bind() {
             // SAFETY: caller contract.
             let _ = unsafe { hip::event_destroy(self.api, e as ffi::Event) };
         }
     }
 
     unsafe fn stream_wait_event(&self, stream: RawStream, e: RawEvent) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         Ok(unsafe { hip::stream_wait_event(self.api, stream as ffi::Stream, e as ffi::Event) }?)
     }
 
     unsafe fn check_stream(&self, stream: RawStream) -> Result<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: caller contract.
         match unsafe { hip::stream_device(self.api, stream as ffi::Stream) } {
             // Without hipStreamGetDevice (ROCm < 5.6) the stream cannot be
@@ -366,19 +391,19 @@ impl Backend for Hip {
     }
 
     fn check_span(&self, addr: u64, bytes: usize) -> std::result::Result<(), String> {
-        self.bind().map_err(|e| e.to_string())?;
+        let _bound = self.bind().map_err(|e| e.to_string())?;
         hip::check_span(self.api, self.runtime_major, self.info.ordinal, addr, bytes)
     }
 
     fn mem_info(&self) -> Result<(usize, usize)> {
-        self.bind()?;
+        let _bound = self.bind()?;
         Ok(hip::mem_get_info(self.api)?)
     }
 }
 
 impl Drop for Hip {
     fn drop(&mut self) {
-        if self.bind().is_ok() {
+        if let Ok(_bound) = self.bind() {
             // SAFETY: handles created in `open`, released once; a null stream
             // (open failed before creating it) is skipped.
             unsafe {

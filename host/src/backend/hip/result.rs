@@ -53,6 +53,14 @@ pub fn device_count(api: &Api) -> R<i32> {
     Ok(n)
 }
 
+/// The calling thread's current device.
+pub fn get_device(api: &Api) -> R<i32> {
+    let mut d = 0;
+    // SAFETY: out-pointer to a local.
+    check(api, "hipGetDevice", unsafe { (api.get_device)(&mut d) })?;
+    Ok(d)
+}
+
 pub fn set_device(api: &Api, dev: i32) -> R<()> {
     // SAFETY: the runtime validates the ordinal.
     check(api, "hipSetDevice", unsafe { (api.set_device)(dev) })
