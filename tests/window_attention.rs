@@ -217,7 +217,7 @@ fn check(dev: &Device, c: &Case) -> Result<f64, String> {
     let tile = c
         .mask
         .as_ref()
-        .map(|(l, _, _)| RegionLabels::mask_tile(l, T));
+        .map(|(l, _, _)| RegionLabels::mask_tile(l, T).expect("tile"));
     for w in 0..c.windows {
         for h in 0..heads {
             let [q, k, v] = qkv_of(c, w, h);
@@ -473,7 +473,7 @@ fn planner_labels_give_the_planner_masks() {
         ms.n_slots,
     ));
     assert_eq!(
-        RegionLabels::mask_tile(&ms.slot_labels, T),
+        RegionLabels::mask_tile(&ms.slot_labels, T).expect("tile"),
         ms.slot_masks
             .iter()
             .map(|&m| f16::from_f32(m))
@@ -721,6 +721,7 @@ fn rejects_bad_region_labels() {
     assert_eq!((ok.slots(), ok.tokens()), (2, T));
     // A mask tile that is not a region mask has no labels.
     let mut m = RegionLabels::mask_tile(&labels(&mut Rng(37), 2), T)
+        .expect("tile")
         .iter()
         .map(|v| v.to_f32())
         .collect::<Vec<_>>();
@@ -750,6 +751,7 @@ fn labels_from_a_region_mask_give_the_same_attention() {
         unreachable!()
     };
     let tile: Vec<f32> = RegionLabels::mask_tile(l, T)
+        .expect("tile")
         .iter()
         .map(|v| v.to_f32())
         .collect();

@@ -159,6 +159,13 @@ impl WindowPlan {
         if n > i32::MAX as usize {
             return Err(PlanError::TooManyTokens);
         }
+        // `mask_slots` holds at most one `[t, t]` mask per window, at most
+        // `n * t` values for `t` tokens per window: that product must fit
+        // (it always does with 64-bit sizes, as n < 2^31).
+        let t = win[0] * win[1] * win[2];
+        if n.checked_mul(t).is_none() {
+            return Err(PlanError::TooManyTokens);
+        }
         Ok(WindowPlan {
             grid,
             window,

@@ -155,9 +155,24 @@ impl RegionLabels {
     /// are equal, -100 otherwise (what [`crate::bias_mask_add`] and
     /// [`crate::bias_mask_softmax`] take). A trailing partial slot is
     /// ignored.
-    pub fn mask_tile(labels: &[i32], tokens: usize) -> Vec<f16> {
+    ///
+    /// Errors ([`Error::BadParameter`], `what == "tokens"`): a tile whose
+    /// size, `slots * tokens * tokens` halves, overflows what one
+    /// allocation can hold.
+    pub fn mask_tile(labels: &[i32], tokens: usize) -> Result<Vec<f16>> {
         let neg = f16::from_f32(ATTN_MASK_NEG);
-        let mut out = Vec::with_capacity(labels.len() * tokens);
+        let slots = labels.len() / tokens.max(1);
+        let len = slots
+            .checked_mul(tokens)
+            .and_then(|n| n.checked_mul(tokens))
+            .filter(|&n| n <= isize::MAX as usize / size_of::<f16>())
+            .ok_or_else(|| Error::BadParameter {
+                op: "region_labels",
+                what: "tokens",
+                value: format!("{slots} slots of {tokens} tokens"),
+                why: "the mask tile's size overflows",
+            })?;
+        let mut out = Vec::with_capacity(len);
         for slot in labels.chunks_exact(tokens.max(1)) {
             for &li in slot {
                 out.extend(
@@ -166,7 +181,7 @@ impl RegionLabels {
                 );
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -208,7 +223,28 @@ pub struct RegionMask<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::renumbered;
+    use super::{RegionLabels, renumbered};
+
+    /// Sizes are counted from whole slots, without overflow: a token count
+    /// above the labels' length makes no slot (it once multiplied the
+    /// labels' length by it and asked for that much memory).
+    #[test]
+    fn mask_tile_sizes_do_not_overflow() {
+        for tokens in [usize::MAX, usize::MAX / 2 + 1, 3] {
+            assert_eq!(
+                RegionLabels::mask_tile(&[0, 0], tokens)
+                    .map(|t| t.len())
+                    .ok(),
+                Some(0)
+            );
+        }
+        assert_eq!(
+            RegionLabels::mask_tile(&[0, 1, 0, 0], 2)
+                .map(|t| t.len())
+                .ok(),
+            Some(8)
+        );
+    }
 
     #[test]
     fn labels_are_renumbered_per_slot_in_order_of_first_occurrence() {
