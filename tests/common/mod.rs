@@ -61,7 +61,18 @@ pub fn gpu_only() -> bool {
 /// open, or when `WAVEFUSE_TEST_GPU_ONLY` is set and no GPU opens; the
 /// message carries the open errors. Reports the outcome once per test
 /// binary ([`report`]).
+///
+/// The backends are opened once per test binary and shared (a `Device` is
+/// `Sync`): a property test's cases reuse them instead of opening a device
+/// (a context and a module load on a GPU) per case.
 pub fn devices() -> Vec<Device> {
+    static OPEN: std::sync::OnceLock<Vec<Device>> = std::sync::OnceLock::new();
+    // A failed check panics inside the initialiser, which leaves it unset:
+    // every later call checks (and fails) again.
+    OPEN.get_or_init(open_devices).clone()
+}
+
+fn open_devices() -> Vec<Device> {
     let required = required();
     let gpu_only = gpu_only();
     let mut ran = Vec::new();
