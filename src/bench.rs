@@ -142,10 +142,16 @@ pub fn run_case(
     case: &dyn Case,
     reps: usize,
     spacer: &mut Option<Spacer>,
+    inject_leak: usize,
 ) -> Result<Record, String> {
     let e = |e: wavefuse::Error| e.to_string();
     dev.synchronize().map_err(e)?;
     let before = used(dev);
+    if inject_leak > 0 {
+        // The harness's own test: memory that is never freed, which the
+        // growth check below must report.
+        std::mem::forget(dev.alloc::<f32>(inject_leak.div_ceil(4)).map_err(e)?);
+    }
     let bytes = case.bytes();
     let sets = n_sets(dev, bytes);
     let mut inst: Vec<Box<dyn Instance>> = Vec::with_capacity(sets);

@@ -25,6 +25,9 @@ struct Args {
     reps: usize,
     only: Option<String>,
     quick: bool,
+    /// Fault injection for the harness's own test: device memory leaked by
+    /// every case (the no-growth check must fail the run).
+    inject_leak: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -34,6 +37,7 @@ fn parse() -> Result<Args, String> {
         reps: 100,
         only: None,
         quick: false,
+        inject_leak: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(s) = it.next() {
@@ -47,6 +51,9 @@ fn parse() -> Result<Args, String> {
             "--reps" => a.reps = val()?.parse().map_err(|e| format!("--reps: {e}"))?,
             "--only" => a.only = Some(val()?),
             "--quick" => a.quick = true,
+            "--inject-leak" => {
+                a.inject_leak = val()?.parse().map_err(|e| format!("--inject-leak: {e}"))?
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other}")),
         }
@@ -77,7 +84,7 @@ fn main() -> ExitCode {
         Ok(a) => a,
         Err(e) => {
             eprintln!(
-                "{e}\nusage: wavefuse-suite [--backend auto|cuda|hip|cpu|cpu32] [--out DIR] [--reps N] [--only S] [--quick]\n       wavefuse-suite soak [--backend B] [--launches N] [--only S]\n       wavefuse-suite check KERNEL --in NAME=PATH ... (src/golden.rs)"
+                "{e}\nusage: wavefuse-suite [--backend auto|cuda|hip|cpu|cpu32] [--out DIR] [--reps N] [--only S] [--quick] [--inject-leak BYTES]\n       wavefuse-suite soak [--backend B] [--launches N] [--only S]\n       wavefuse-suite check KERNEL --in NAME=PATH ... (src/golden.rs)"
             );
             return ExitCode::from(2);
         }
@@ -127,7 +134,7 @@ fn main() -> ExitCode {
             case.name(),
             case.shape()
         );
-        match bench::run_case(&dev, case.as_ref(), reps, &mut spacer) {
+        match bench::run_case(&dev, case.as_ref(), reps, &mut spacer, args.inject_leak) {
             Ok(r) => {
                 if !r.correct {
                     failed += 1;
