@@ -661,3 +661,59 @@ fn cuda_leaves_the_current_context_as_it_was() {
     .join()
     .expect("thread");
 }
+
+/// Two threads on the per-thread default stream (`CU_STREAM_PER_THREAD`:
+/// one handle, a different stream in each thread) read one wavefuse
+/// buffer, which is dropped while both threads' work is still queued. Its
+/// drop waits for the work of both: an event of the handle never replaces
+/// an older one, which may belong to the other thread's stream.
+#[test]
+fn cuda_per_thread_stream_readers_keep_a_buffer_alive() {
+    const ROWS: usize = 4096;
+    const C: usize = 768;
+    let Some((dev, _ctx)) = cuda() else { return };
+    let mut rng = Rng(11);
+    let src_h = rng.halves(ROWS * C, 1.0, 0.0);
+    let src = dev.upload(&src_h).expect("upload");
+    let mut outs: Vec<_> = (0..2)
+        .map(|_| dev.alloc::<f16>(ROWS * C).expect("alloc"))
+        .collect();
+    std::thread::scope(|sc| {
+        for o in outs.iter_mut() {
+            let (dev, src) = (&dev, &src);
+            sc.spawn(move || {
+                // SAFETY: CU_STREAM_PER_THREAD (2) is live for the whole
+                // process.
+                let q = unsafe { dev.wrap_stream(2 as *mut std::ffi::c_void) }
+                    .expect("wrap the per-thread stream");
+                for _ in 0..400 {
+                    layer_norm(&q, &src.view(), &mut o.view_mut(), C, None, 1e-5).expect("ln");
+                }
+            });
+        }
+    });
+    drop(src);
+    // Fresh allocations of the same size, full of values far from any
+    // LayerNorm output, are likely to land where `src` was.
+    let junk: Vec<_> = (0..8)
+        .map(|_| {
+            dev.upload(&vec![f16::from_f32(1e4); ROWS * C])
+                .expect("upload")
+        })
+        .collect();
+    let cpu = Device::open(Choice::Cpu(Wave::W64)).expect("emulator");
+    let xc = cpu.upload(&src_h).expect("upload");
+    let mut yc = cpu.alloc::<f16>(ROWS * C).expect("alloc");
+    layer_norm(&cpu, &xc.view(), &mut yc.view_mut(), C, None, 1e-5).expect("ln");
+    let want = yc.download().expect("download");
+    for (k, o) in outs.iter().enumerate() {
+        let got = o.download().expect("download");
+        agrees_with_emulator(
+            wavefuse::BackendKind::Cuda,
+            &format!("thread {k}"),
+            &got,
+            &want,
+        );
+    }
+    drop(junk);
+}
