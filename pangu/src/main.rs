@@ -290,8 +290,13 @@ fn convert(
     let r = convert::convert(onnx, out, &opts)?;
     let m = &r.meta;
     if list {
+        use std::io::Write;
+        let mut o = std::io::stdout().lock();
         for x in r.constants.iter().chain(&r.mapped) {
-            println!("{:<40} -> {}", x.onnx, x.name);
+            // A closed pipe (`| head`) ends the listing, not the program.
+            if writeln!(o, "{:<40} -> {}", x.onnx, x.name).is_err() {
+                return Ok(());
+            }
         }
     }
     println!(
