@@ -664,9 +664,10 @@ fn cuda_leaves_the_current_context_as_it_was() {
 
 /// Two threads on the per-thread default stream (`CU_STREAM_PER_THREAD`:
 /// one handle, a different stream in each thread) read one wavefuse
-/// buffer, which is dropped while both threads' work is still queued. Its
-/// drop waits for the work of both: an event of the handle never replaces
-/// an older one, which may belong to the other thread's stream.
+/// buffer: the first queues a long run of kernels, the second, after it,
+/// one kernel. The buffer is dropped while the first thread's work is
+/// still queued. Its drop must wait for both: the second thread's event
+/// (the newest of the handle, soon complete) must not replace the first's.
 #[test]
 fn cuda_per_thread_stream_readers_keep_a_buffer_alive() {
     const ROWS: usize = 4096;
@@ -678,20 +679,20 @@ fn cuda_per_thread_stream_readers_keep_a_buffer_alive() {
     let mut outs: Vec<_> = (0..2)
         .map(|_| dev.alloc::<f16>(ROWS * C).expect("alloc"))
         .collect();
-    std::thread::scope(|sc| {
-        for o in outs.iter_mut() {
-            let (dev, src) = (&dev, &src);
+    for (o, launches) in outs.iter_mut().zip([4000, 1]) {
+        let (dev, src) = (&dev, &src);
+        std::thread::scope(|sc| {
             sc.spawn(move || {
                 // SAFETY: CU_STREAM_PER_THREAD (2) is live for the whole
                 // process.
                 let q = unsafe { dev.wrap_stream(2 as *mut std::ffi::c_void) }
                     .expect("wrap the per-thread stream");
-                for _ in 0..400 {
+                for _ in 0..launches {
                     layer_norm(&q, &src.view(), &mut o.view_mut(), C, None, 1e-5).expect("ln");
                 }
             });
-        }
-    });
+        });
+    }
     drop(src);
     // Fresh allocations of the same size, full of values far from any
     // LayerNorm output, are likely to land where `src` was.
