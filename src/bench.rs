@@ -160,11 +160,14 @@ pub fn run_case(
     }
     // Cold: the first launch of this kernel on this device in this process
     // (module load is reported separately in DeviceInfo::load_ms).
-    let cold = time_loop(dev, 1, None, |_| inst[0].launch(dev)).map_err(e)?[0];
+    let cold = time_loop(dev, 1, None, |_| inst[0].launch(dev.stream())).map_err(e)?[0];
     for i in 0..10.min(reps.max(1)) {
-        inst[i % sets].launch(dev).map_err(e)?;
+        inst[i % sets].launch(dev.stream()).map_err(e)?;
     }
-    let raw = time_loop(dev, reps, spacer.as_mut(), |i| inst[i % sets].launch(dev)).map_err(e)?;
+    let raw = time_loop(dev, reps, spacer.as_mut(), |i| {
+        inst[i % sets].launch(dev.stream())
+    })
+    .map_err(e)?;
     // Correctness of what was timed: every output element of every set
     // against the f64 oracle (in-place kernels after all their launches).
     let mut max_err = 0.0f64;

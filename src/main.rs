@@ -84,7 +84,7 @@ fn main() -> ExitCode {
         Ok(a) => a,
         Err(e) => {
             eprintln!(
-                "{e}\nusage: wavefuse-suite [--backend auto|cuda|hip|cpu|cpu32] [--out DIR] [--reps N] [--only S] [--quick] [--inject-leak BYTES]\n       wavefuse-suite soak [--backend B] [--launches N] [--only S]\n       wavefuse-suite check KERNEL --in NAME=PATH ... (src/golden.rs)"
+                "{e}\nusage: wavefuse-suite [--backend auto|cuda|hip|cpu|cpu32] [--out DIR] [--reps N] [--only S] [--quick] [--inject-leak BYTES]\n       wavefuse-suite soak [--backend B] [--launches N] [--only S] [--stream own|per-thread]\n       wavefuse-suite check KERNEL --in NAME=PATH ... (src/golden.rs)"
             );
             return ExitCode::from(2);
         }

@@ -4,8 +4,14 @@
 //! launches differs from before them, or when an output is wrong.
 //!
 //! ```text
-//! wavefuse-suite soak [--backend B] [--launches N] [--only SUBSTRING]
+//! wavefuse-suite soak [--backend B] [--launches N] [--only SUBSTRING] [--stream own|per-thread]
 //! ```
+//!
+//! `--stream per-thread` launches on the per-thread default stream
+//! (`CU_STREAM_PER_THREAD` / `hipStreamPerThread`) wrapped as a caller's
+//! stream, so that every launch records an event: the run also fails when
+//! the process's resident memory grows by more than 64 MiB (events kept
+//! after they finished would grow it).
 //!
 //! One input set per case at the small (`--quick`) shapes, launched round
 //! robin; every 10% of the launches the device is synchronised and the
@@ -21,6 +27,7 @@ struct Args {
     backend: Choice,
     launches: usize,
     only: Option<String>,
+    per_thread: bool,
 }
 
 fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -28,6 +35,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
         backend: Choice::Auto,
         launches: 1_000_000,
         only: None,
+        per_thread: false,
     };
     let mut it = args;
     while let Some(s) = it.next() {
@@ -39,6 +47,13 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--launches" => a.launches = val()?.parse().map_err(|e| format!("--launches: {e}"))?,
             "--only" => a.only = Some(val()?),
+            "--stream" => {
+                a.per_thread = match val()?.as_str() {
+                    "own" => false,
+                    "per-thread" => true,
+                    v => return Err(format!("--stream {v}: expected own or per-thread")),
+                }
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -66,6 +81,14 @@ pub fn run(args: impl Iterator<Item = String>) -> Result<(), String> {
     let dev = Device::open(a.backend).map_err(|e| format!("could not open a device: {e}"))?;
     let info = dev.info().clone();
     let e = |e: wavefuse::Error| e.to_string();
+    let q = if a.per_thread {
+        // SAFETY: the per-thread default stream's handle (2 on both CUDA
+        // and HIP) is valid for the whole process.
+        unsafe { dev.wrap_stream(2 as *mut std::ffi::c_void) }
+            .map_err(|err| format!("the per-thread stream: {err}"))?
+    } else {
+        dev.stream().clone()
+    };
     let selected: Vec<_> = cases::all(false)
         .into_iter()
         .filter(|c| {
@@ -83,15 +106,17 @@ pub fn run(args: impl Iterator<Item = String>) -> Result<(), String> {
     }
     // One round first: module and launch paths warm, lazy allocations made.
     for i in inst.iter_mut() {
-        i.launch(&dev).map_err(e)?;
+        i.launch(&q).map_err(e)?;
     }
+    q.synchronize().map_err(e)?;
     dev.synchronize().map_err(e)?;
     let (dev0, rss0) = (device_used(&dev)?, resident());
     println!(
-        "soak on {} ({}, {:?}): {} launches over {} kernels/shapes; device memory in use {} bytes, resident {} bytes",
+        "soak on {} ({}, {:?}, {} stream): {} launches over {} kernels/shapes; device memory in use {} bytes, resident {} bytes",
         info.name,
         info.code_object,
         info.backend,
+        if a.per_thread { "per-thread" } else { "own" },
         a.launches,
         inst.len(),
         dev0,
@@ -102,7 +127,7 @@ pub fn run(args: impl Iterator<Item = String>) -> Result<(), String> {
     let mut worst_dev = dev0;
     for n in 0..a.launches {
         let k = n % inst.len();
-        inst[k].launch(&dev).map_err(|err| {
+        inst[k].launch(&q).map_err(|err| {
             format!(
                 "launch {n} ({} {}): {err}",
                 selected[k].name(),
@@ -110,6 +135,7 @@ pub fn run(args: impl Iterator<Item = String>) -> Result<(), String> {
             )
         })?;
         if (n + 1) % step == 0 || n + 1 == a.launches {
+            q.synchronize().map_err(e)?;
             dev.synchronize().map_err(e)?;
             let used = device_used(&dev)?;
             worst_dev = worst_dev.max(used);
@@ -126,8 +152,8 @@ pub fn run(args: impl Iterator<Item = String>) -> Result<(), String> {
     let mut wrong = 0;
     for (i, c) in inst.iter_mut().zip(&selected) {
         i.reset(&dev).map_err(e)?;
-        i.launch(&dev).map_err(e)?;
-        dev.synchronize().map_err(e)?;
+        i.launch(&q).map_err(e)?;
+        q.synchronize().map_err(e)?;
         if let Err(msg) = i.check(&dev) {
             eprintln!("{} {}: {msg}", c.name(), c.shape());
             wrong += 1;
@@ -150,6 +176,11 @@ pub fn run(args: impl Iterator<Item = String>) -> Result<(), String> {
     if dev1 != dev0 || (info.backend == BackendKind::Cpu && worst_dev != dev0) {
         return Err(format!(
             "device memory in use changed: {dev0} -> {dev1} bytes (peak {worst_dev})"
+        ));
+    }
+    if a.per_thread && rss1 > rss0 + (64 << 20) {
+        return Err(format!(
+            "resident memory grew from {rss0} to {rss1} bytes over the launches"
         ));
     }
     Ok(())

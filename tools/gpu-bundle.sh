@@ -118,6 +118,10 @@ if has soak; then
   # at ten checkpoints and after (src/soak.rs).
   "$here/bin/wavefuse-suite" soak --backend "${WAVEFUSE_SOAK_BACKEND:-cuda}" --launches "${WAVEFUSE_SOAK_LAUNCHES:-1000000}" > "$out/soak.txt" 2>&1
   echo "soak: rc=$? $(tail -1 "$out/soak.txt")" | tee -a "$out/suite.txt"
+  # The same on the per-thread default stream wrapped as a caller's stream:
+  # every launch records an event; resident memory must stay flat too.
+  "$here/bin/wavefuse-suite" soak --backend "${WAVEFUSE_SOAK_BACKEND:-cuda}" --launches "${WAVEFUSE_SOAK_LAUNCHES:-1000000}" --stream per-thread > "$out/soak-per-thread.txt" 2>&1
+  echo "soak (per-thread stream): rc=$? $(tail -1 "$out/soak-per-thread.txt")" | tee -a "$out/suite.txt"
 fi
 if has profile; then
   "$here/profile.sh" "$out/profile" "${WAVEFUSE_PROFILE_KERNELS:-}"

@@ -3,7 +3,7 @@
 //! padded 8x96x180); window (2,6,12) = 144 tokens, head dim 32.
 use super::{Case, Checked, Instance, Rng, par_rows, par_update, ulp_err};
 use wavefuse::{
-    AttnBias, AttnMask, Device, DeviceBuffer, QkvSplit as Params, RegionLabels, RegionMask,
+    AttnBias, AttnMask, Device, DeviceBuffer, QkvSplit as Params, RegionLabels, RegionMask, Stream,
     WindowAttention as AttnParams, WindowBias, WindowTable, bias_mask_add, bias_mask_softmax, f16,
     qkv_split, window_attention,
 };
@@ -98,7 +98,7 @@ impl Case for QkvSplit {
 }
 
 impl Instance for QkvSet {
-    fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
+    fn launch(&mut self, dev: &Stream) -> wavefuse::Result<()> {
         let (mut q, mut k, mut v) = (self.q.view_mut(), self.k.view_mut(), self.v.view_mut());
         qkv_split(dev, &self.x.view(), None, &mut q, &mut k, &mut v, &self.p)
     }
@@ -237,7 +237,7 @@ impl BiasMaskSet {
 }
 
 impl Instance for BiasMaskSet {
-    fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
+    fn launch(&mut self, dev: &Stream) -> wavefuse::Result<()> {
         self.launches += 1;
         let (bias, mask) = (self.bias.view(), self.mask.view());
         let ab = AttnBias {
@@ -398,7 +398,7 @@ impl Case for WindowAttention {
 }
 
 impl Instance for AttnSet {
-    fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
+    fn launch(&mut self, dev: &Stream) -> wavefuse::Result<()> {
         let bias = self.bias.view();
         let ab = WindowBias {
             bias: &bias,

@@ -3,7 +3,8 @@
 use super::norm::{affine_params, affine_slices, upload_affine};
 use super::{Case, Checked, Instance, Rng, par_rows, par_update};
 use wavefuse::{
-    Affine, Device, DeviceBuffer, GatherPlan, add_layer_norm_gather, f16, gather, layer_norm_gather,
+    Affine, Device, DeviceBuffer, GatherPlan, Stream, add_layer_norm_gather, f16, gather,
+    layer_norm_gather,
 };
 use wavefuse_shared::window::{Grid3, Shift3, Window3, WindowPlan};
 use wavefuse_suite::check::check_ln_row;
@@ -127,7 +128,7 @@ impl Case for Gather {
 }
 
 impl Instance for GatherSet {
-    fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
+    fn launch(&mut self, dev: &Stream) -> wavefuse::Result<()> {
         self.launches += 1;
         let mut out = self.out.view_mut();
         let views = self.gb.as_ref().map(|(g, b)| (g.view(), b.view()));

@@ -1,6 +1,6 @@
 //! Bias + exact GELU at the MLP widths (ratio 4).
 use super::{Case, Checked, Instance, Rng, par_rows, ulp_err};
-use wavefuse::{Device, DeviceBuffer, GeluBias, GeluMode, bias_gelu, f16};
+use wavefuse::{Device, DeviceBuffer, GeluBias, GeluMode, Stream, bias_gelu, f16};
 use wavefuse_suite::oracle;
 
 pub struct BiasGelu {
@@ -43,7 +43,7 @@ impl Case for BiasGelu {
 }
 
 impl Instance for BiasGeluSet {
-    fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
+    fn launch(&mut self, dev: &Stream) -> wavefuse::Result<()> {
         let b = self.b.view();
         bias_gelu(
             dev,

@@ -6,7 +6,7 @@ mod gather;
 mod mlp;
 mod norm;
 
-use wavefuse::Device;
+use wavefuse::{Device, Stream};
 pub use wavefuse_suite::check::ulp_err;
 pub use wavefuse_suite::rng::Rng;
 
@@ -31,7 +31,7 @@ pub struct Checked {
 /// One input set on the device.
 pub trait Instance {
     /// Launches the kernel once (each instance counts its launches).
-    fn launch(&mut self, dev: &Device) -> wavefuse::Result<()>;
+    fn launch(&mut self, dev: &Stream) -> wavefuse::Result<()>;
     /// Checks every output element against the f64 oracle. An in-place
     /// kernel's state after all its launches is replayed on the host from
     /// the initial inputs (the contract's f16 arithmetic, exact), and the

@@ -1,6 +1,6 @@
 //! LayerNorm and residual-add + LayerNorm cases.
 use super::{Case, Checked, Instance, Rng, par_rows};
-use wavefuse::{Affine, Device, DeviceBuffer, add_layer_norm_to, f16, layer_norm};
+use wavefuse::{Affine, Device, DeviceBuffer, Stream, add_layer_norm_to, f16, layer_norm};
 use wavefuse_suite::check::check_ln_row;
 use wavefuse_suite::oracle;
 
@@ -50,7 +50,7 @@ impl Case for LayerNorm {
 }
 
 impl Instance for LayerNormSet {
-    fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
+    fn launch(&mut self, dev: &Stream) -> wavefuse::Result<()> {
         let x = self.x.view();
         let mut y = self.y.view_mut();
         match &self.gb {
@@ -142,7 +142,7 @@ impl Case for AddLayerNorm {
 }
 
 impl Instance for AddLayerNormSet {
-    fn launch(&mut self, dev: &Device) -> wavefuse::Result<()> {
+    fn launch(&mut self, dev: &Stream) -> wavefuse::Result<()> {
         let views = self.gb.as_ref().map(|(g, b)| (g.view(), b.view()));
         add_layer_norm_to(
             dev,
