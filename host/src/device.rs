@@ -421,12 +421,9 @@ mod tests {
     }
 
     impl Model {
-        fn device(eager: bool) -> (Device, Arc<AtomicUsize>) {
-            let (d, lost, _) = Model::device_with_state(eager);
-            (d, lost)
-        }
-
-        fn device_with_state(eager: bool) -> (Device, Arc<AtomicUsize>, Arc<Mutex<State>>) {
+        /// A device on a new model, the count of launches lost at its drop,
+        /// and the model's record of queues, events and waits.
+        fn device(eager: bool) -> (Device, Arc<AtomicUsize>, Arc<Mutex<State>>) {
             let lost = Arc::new(AtomicUsize::new(0));
             let state = Arc::new(Mutex::new(State::default()));
             let m = Model {
@@ -576,7 +573,7 @@ mod tests {
     #[test]
     fn the_last_handle_waits_for_launches_on_a_callers_stream() {
         for device_last in [false, true] {
-            let (dev, lost) = Model::device(false);
+            let (dev, lost, _) = Model::device(false);
             // SAFETY: the model accepts any handle.
             let s = unsafe { dev.wrap_stream(0x10 as *mut c_void) }.unwrap();
             for _ in 0..3 {
@@ -599,7 +596,7 @@ mod tests {
 
     #[test]
     fn finished_launches_are_not_kept() {
-        let (dev, lost) = Model::device(true);
+        let (dev, lost, _) = Model::device(true);
         // SAFETY: the model accepts any handle.
         let s = unsafe { dev.wrap_stream(0x10 as *mut c_void) }.unwrap();
         let t = Tracker::default();
@@ -617,7 +614,7 @@ mod tests {
     /// one, so a buffer waits for every event it was given.
     #[test]
     fn a_buffer_waits_for_every_event_of_one_stream_handle() {
-        let (dev, lost) = Model::device(false);
+        let (dev, lost, _) = Model::device(false);
         // SAFETY: the model accepts any handle.
         let s = unsafe { dev.wrap_stream(PER_THREAD as *mut c_void) }.unwrap();
         let t = Tracker::default();
@@ -647,7 +644,7 @@ mod tests {
 
     #[test]
     fn callers_streams_are_ordered_by_the_buffers_they_share() {
-        let (dev, lost, st) = Model::device_with_state(false);
+        let (dev, lost, st) = Model::device(false);
         // SAFETY: the model accepts any handle.
         let a = unsafe { dev.wrap_stream(0x10 as *mut c_void) }.unwrap();
         // SAFETY: as above.
@@ -678,7 +675,7 @@ mod tests {
 
     #[test]
     fn the_own_stream_and_callers_streams_are_ordered() {
-        let (dev, lost, st) = Model::device_with_state(false);
+        let (dev, lost, st) = Model::device(false);
         // SAFETY: the model accepts any handle.
         let b = unsafe { dev.wrap_stream(0x20 as *mut c_void) }.unwrap();
         let t = Tracker::default();

@@ -29,7 +29,7 @@ use crate::config::{Depths, Geometry, check_width};
 use crate::error::{Error, Result};
 use crate::onnx::{self, Graph, attr, proto};
 use crate::stage::config::LN_EPS;
-use crate::weights::{Meta, TOKENS, Weights, window_types};
+use crate::weights::{self, Meta, TOKENS, Weights, window_types};
 use bytes::Bytes;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -1206,7 +1206,7 @@ pub fn convert(onnx_path: &Path, out: &Path, opts: &Options) -> Result<Report> {
     let norm_form = m.norm_form.unwrap_or("none");
     drop(m);
     let tmp = partial_path(out);
-    let written = write(&tmp, &encoded, &meta);
+    let written = weights::serialize(&tmp, &encoded, &meta);
     drop(encoded);
     drop(g);
     drop(model);
@@ -1515,28 +1515,4 @@ fn encode(
         }
     };
     Ok((o.name, out.0, o.shape, out.1))
-}
-
-fn write(
-    path: &Path,
-    tensors: &[(String, safetensors::Dtype, Vec<usize>, Bytes)],
-    meta: &Meta,
-) -> Result<()> {
-    let mut views = Vec::with_capacity(tensors.len());
-    for (name, dtype, shape, b) in tensors {
-        let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), b).map_err(|e| {
-            Error::Format {
-                file: path.display().to_string(),
-                why: format!("{name}: {e}"),
-            }
-        })?;
-        views.push((name.clone(), view));
-    }
-    safetensors::serialize_to_file(views, Some(meta.to_map()), path).map_err(|e| {
-        let _ = std::fs::remove_file(path);
-        Error::Format {
-            file: path.display().to_string(),
-            why: e.to_string(),
-        }
-    })
 }

@@ -254,6 +254,30 @@ pub struct Weights {
     pub meta: Meta,
 }
 
+/// Writes `tensors` (name, element type, shape, little-endian bytes) as a
+/// safetensors file at `path` with `meta`, as it is (no rename); a file
+/// left half-written by an error is removed.
+pub fn serialize<B: AsRef<[u8]>>(
+    path: &Path,
+    tensors: &[(String, safetensors::Dtype, Vec<usize>, B)],
+    meta: &Meta,
+) -> Result<()> {
+    let bad = |why: String| Error::Format {
+        file: path.display().to_string(),
+        why,
+    };
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, dtype, shape, b) in tensors {
+        let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), b.as_ref())
+            .map_err(|e| bad(format!("{name}: {e}")))?;
+        views.push((name.clone(), view));
+    }
+    safetensors::serialize_to_file(views, Some(meta.to_map()), path).map_err(|e| {
+        let _ = std::fs::remove_file(path);
+        bad(e.to_string())
+    })
+}
+
 /// Writes `tensors` (name, shape, f32 values) as a safetensors file with
 /// `meta`; the file appears complete or not at all (written beside and
 /// renamed).
@@ -262,26 +286,15 @@ pub fn write_file(
     tensors: &[(String, Vec<usize>, Vec<f32>)],
     meta: &Meta,
 ) -> Result<()> {
-    let bytes: Vec<Vec<u8>> = tensors
+    let encoded: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = tensors
         .iter()
-        .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .map(|(name, shape, v)| {
+            let b = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            (name.clone(), safetensors::Dtype::F32, shape.clone(), b)
+        })
         .collect();
-    let mut views = Vec::with_capacity(tensors.len());
-    for ((name, shape, _), b) in tensors.iter().zip(&bytes) {
-        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)
-            .map_err(|e| Error::Format {
-                file: path.display().to_string(),
-                why: format!("{name}: {e}"),
-            })?;
-        views.push((name.clone(), view));
-    }
     let tmp = path.with_extension("safetensors.partial");
-    safetensors::serialize_to_file(views, Some(meta.to_map()), &tmp).map_err(|e| {
-        Error::Format {
-            file: tmp.display().to_string(),
-            why: e.to_string(),
-        }
-    })?;
+    serialize(&tmp, &encoded, meta)?;
     std::fs::rename(&tmp, path).map_err(Error::io(path))
 }
 
