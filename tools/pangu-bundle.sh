@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Builds pangu-bundle/: a self-contained folder that runs the whole
+# Pangu-Weather network's GPU gates on a host with no Rust toolchain and no
+# network (glibc >= 2.36, CUDA 13 driver and libraries, python3 with torch
+# and safetensors): the `pangu` binary (candle + wavefuse, CUDA) and the
+# PyTorch reference of the whole network (benches/pangu_model.py).
+#   tools/pangu-bundle.sh                          # build, here
+#   pangu-bundle/run.sh OUTDIR [PHASES] [GRID]     # on the GPU host
+# PHASES, a comma list, in this order:
+#   gen       seeded post-norm weights + inputs (the Rust generator; the
+#             reference reads the same file)
+#   ref       the f32 and f16 PyTorch reference of one step
+#   rust      `pangu bench`: GPU-resident step time, peak device memory,
+#             per-op breakdown, one step's output, one step's
+#             device-to-host copy + npy write alone
+#   check     regression gate: Rust f16 against the f32 reference, per
+#             channel, bar = PyTorch's own f16 eager; plus the swap test
+#   rollout   `pangu forecast` 7 x 24 h from host arrays to files per step
+#   torch     PyTorch peers: eager f16 and torch.compile default
+#   autotune  torch.compile max-autotune (TORCH_AUTOTUNE_TIMEOUT seconds
+#             for its compile, default 420)
+# Default: gen,ref,rust,check,rollout,torch. GRID: full (721 x 1440,
+# default) or LATxLON. Each phase writes OUTDIR/<phase>.txt and, where it
+# measures, OUTDIR/<phase>.json; run.sh packs OUTDIR's logs into
+# OUTDIR.tgz. The weights and the fields stay in PANGU_DATA (default
+# OUTDIR/data; a later call on a warm machine reuses them, gen skips what
+# is there).
+# PANGU_DEVICE=cpu with a small grid: a smoke test of this script off the GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+eval "$(bash tools/cuda-toolkit.sh)"
+# sm_90 PTX for wavefuse's kernels (H100 / H200); no AMD objects here.
+export WAVEFUSE_AMD_ARCHS= WAVEFUSE_PTX_ARCHS=sm_90
+cargo build --release -p pangu --features cuda --bin pangu --target-dir target/cuda
+rm -rf pangu-bundle && mkdir -p pangu-bundle
+cp target/cuda/release/pangu pangu-bundle/pangu
+strip pangu-bundle/pangu
+echo "stripped pangu: $(stat -c %s pangu-bundle/pangu) bytes"
+# A GPU call carries at most 64 MiB: run.sh unpacks the binary.
+xz -T2 -6 pangu-bundle/pangu
+cp benches/pangu_model.py pangu-bundle/
+{ echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then echo "dirty: true"; else echo "dirty: false"; fi; } \
+  > pangu-bundle/build.txt
+cat > pangu-bundle/run.sh <<'RUN'
+#!/usr/bin/env bash
+# On the GPU host: the whole Pangu network's gates. See tools/pangu-bundle.sh.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${1:?usage: run.sh OUTDIR [PHASES] [GRID]}"
+phase="${2:-gen,ref,rust,check,rollout,torch}"; grid="${3:-full}"
+has() { [[ ",$phase," == *",$1,"* ]]; }
+py="${PYTHON:-python3}"
+device="${PANGU_DEVICE:-cuda}"
+case "$grid" in
+  full) lat=721; lon=1440 ;;
+  *x*) lat="${grid%x*}"; lon="${grid#*x}" ;;
+  *) echo "GRID: full or LATxLON, not $grid"; exit 2 ;;
+esac
+mkdir -p "$out"
+data="${PANGU_DATA:-$out/data}"; mkdir -p "$data"
+bin="$data/pangu"
+[ -x "$bin" ] || { xz -dc "$here/pangu.xz" > "$bin" && chmod +x "$bin"; } || exit 1
+ref="$here/pangu_model.py"
+w="$data/weights_post_${lat}x${lon}.safetensors"
+{ echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  cat "$here/build.txt" 2>/dev/null
+  echo "nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+  echo "torch: $("$py" -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1)"
+  echo "grid: $lat x $lon"
+  echo "command: tools/pangu-bundle.sh && pangu-bundle/run.sh OUT $phase $grid"; } > "$out/meta-$(date +%s).txt"
+# Each phase: its log in $out/<phase>.txt, its status line in $out/status.txt.
+step() {
+  local name="$1"; shift
+  local t0=$SECONDS
+  "$@" > "$out/$name.txt" 2>&1
+  local rc=$?
+  echo "$name: rc $rc, $((SECONDS - t0)) s" | tee -a "$out/status.txt"
+  tail -n "${TAIL:-25}" "$out/$name.txt"
+  return $rc
+}
+if has gen; then
+  if [ -f "$w" ] && [ -f "$data/input_upper.npy" ]; then
+    echo "gen: reusing $w"
+  else
+    step gen "$bin" random-weights --out "$w" --grid "${lat}x${lon}" --order post --seed 1 --interval 24 \
+      --inputs "$data" || exit 1
+  fi
+fi
+if has ref; then
+  rm -rf "$data/ref"
+  step ref "$py" "$ref" reference --weights "$w" --upper "$data/input_upper.npy" \
+    --surface "$data/input_surface.npy" --out "$data/ref" --device "$device" --steps 1 --log "$out/ref.jsonl"
+fi
+if has rust; then
+  rm -rf "$data/rust"
+  step rust "$bin" bench --weights "$w" --upper "$data/input_upper.npy" --surface "$data/input_surface.npy" \
+    --device "$device" --warmup 5 --steps "${STEPS:-30}" --write-dir "$data/rust" --json "$out/rust.json"
+fi
+if has check; then
+  step check "$py" "$ref" check --ref "$data/ref" --rust "$data/rust" --swap-test --json "$out/check.json" \
+    --log "$out/check.jsonl"
+fi
+if has rollout; then
+  rm -rf "$data/forecast"
+  step rollout "$bin" forecast --weights "24h=$w" --upper "$data/input_upper.npy" \
+    --surface "$data/input_surface.npy" --lead 7d --out "$data/forecast" --device "$device" \
+    --json "$out/rollout.json" --quiet
+  ls -la "$data/forecast" >> "$out/rollout.txt" 2>&1
+fi
+if has torch; then
+  PYTHONUNBUFFERED=1 step torch "$py" "$ref" bench --weights "$w" --lat "$lat" --lon "$lon" --seed 1 \
+    --device "$device" --modes "${TORCH_MODES:-eager,default}" --warmup 5 --steps "${STEPS:-30}" \
+    --json "$out/torch.json" --compile-timeout "${TORCH_COMPILE_TIMEOUT:-300}"
+fi
+if has autotune; then
+  PYTHONUNBUFFERED=1 step autotune "$py" "$ref" bench --weights "$w" --lat "$lat" --lon "$lon" --seed 1 \
+    --device "$device" --modes max-autotune --warmup 5 --steps "${STEPS:-30}" \
+    --json "$out/autotune.json" --compile-timeout "${TORCH_AUTOTUNE_TIMEOUT:-420}"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
+# Pack the logs and records (not the weights and fields).
+tar czf "$out.tgz" -C "$out" --exclude=data . && echo "packed $out.tgz"
+RUN
+chmod +x pangu-bundle/run.sh
+du -sh pangu-bundle; ls -la pangu-bundle
