@@ -66,6 +66,8 @@ w="$data/weights_post_${lat}x${lon}.safetensors"
 { echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
   cat "$here/build.txt" 2>/dev/null
   echo "nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+  echo "gpu: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+  echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
   echo "torch: $("$py" -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1)"
   echo "grid: $lat x $lon"
   echo "command: tools/pangu-bundle.sh && pangu-bundle/run.sh OUT $phase $grid"; } > "$out/meta-$(date +%s).txt"
