@@ -2,7 +2,6 @@
 //! `[5, 13, H, W]`, surface `[4, H, W]`, f32, C order.
 use crate::config::{LEVELS, SURFACE_VARS, UPPER_VARS};
 use crate::error::{Error, Result};
-use npyz::WriterBuilder;
 use std::path::Path;
 
 /// One field set on the host.
@@ -189,17 +188,147 @@ pub fn check<'a>(f: &'a Field, kind: Kind, what: &str) -> Result<&'a Field> {
 /// Writes `f` to `path` as f32 npy; the file appears complete or not at
 /// all (written beside and renamed).
 pub fn write(path: &Path, f: &Field) -> Result<()> {
-    let shape: Vec<u64> = f.shape.iter().map(|&d| d as u64).collect();
-    let mut buf = Vec::with_capacity(f.data.len() * 4 + 128);
-    let mut w = npyz::WriteOptions::<f32>::new()
-        .default_dtype()
-        .shape(&shape)
-        .writer(&mut buf)
-        .begin_nd()
-        .map_err(Error::io(path))?;
-    w.extend(f.data.iter().copied()).map_err(Error::io(path))?;
-    w.finish().map_err(Error::io(path))?;
+    write_values(path, &f.shape, &f.data)
+}
+
+/// The npy (format 1.0) header of a C-order little-endian f32 array of
+/// `shape`: magic, version, length, and the dict numpy writes, padded with
+/// spaces to a multiple of 64 bytes and ended by a newline.
+fn npy_header(shape: &[usize]) -> Vec<u8> {
+    let dims = match shape {
+        [d] => format!("({d},)"),
+        _ => {
+            let d: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+            format!("({})", d.join(", "))
+        }
+    };
+    let mut dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {dims}, }}");
+    // 10 bytes of preamble, the dict, the padding and '\n': a multiple of 64.
+    let pad = (64 - (10 + dict.len() + 1) % 64) % 64;
+    dict.extend(std::iter::repeat_n(' ', pad));
+    dict.push('\n');
+    let mut out = Vec::with_capacity(10 + dict.len());
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    // A shape has at most a few dimensions: the dict is far below 64 KiB.
+    let len = u16::try_from(dict.len()).unwrap_or(u16::MAX);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(dict.as_bytes());
+    out
+}
+
+/// Writes `data` of `shape` to `path` as f32 npy, streaming the values
+/// from `data` (a step's outputs are written straight from the staging
+/// buffer they were copied into, with no intermediate copy); the file
+/// appears complete or not at all (written beside and renamed). An error,
+/// and no file, when `data` does not hold exactly `shape`'s values.
+pub fn write_values(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
+    use std::io::Write;
+    let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    if n != Some(data.len()) {
+        return Err(Error::Format {
+            file: path.display().to_string(),
+            why: format!("{} values for shape {shape:?}", data.len()),
+        });
+    }
     let tmp = path.with_extension("npy.partial");
-    std::fs::write(&tmp, &buf).map_err(Error::io(&tmp))?;
+    let result = (|| -> std::io::Result<()> {
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+        f.write_all(&npy_header(shape))?;
+        let mut bytes = Vec::with_capacity(4 << 16);
+        for chunk in data.chunks(1 << 16) {
+            bytes.clear();
+            for v in chunk {
+                bytes.extend_from_slice(&v.to_le_bytes());
+            }
+            f.write_all(&bytes)?;
+        }
+        f.flush()
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::io(&tmp)(e));
+    }
     std::fs::rename(&tmp, path).map_err(Error::io(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use npyz::WriterBuilder;
+
+    /// npyz's own writer: the reference the direct writer must match byte
+    /// for byte.
+    fn npyz_bytes(shape: &[usize], data: &[f32]) -> Vec<u8> {
+        let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        let mut buf = Vec::new();
+        let mut w = npyz::WriteOptions::<f32>::new()
+            .default_dtype()
+            .shape(&shape)
+            .writer(&mut buf)
+            .begin_nd()
+            .unwrap();
+        w.extend(data.iter().copied()).unwrap();
+        w.finish().unwrap();
+        buf
+    }
+
+    #[test]
+    fn direct_writer_matches_npyz_and_reads_back() {
+        let dir = std::env::temp_dir().join(format!("pangu-fields-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut seed = 0x9e37_79b9_u32;
+        for shape in [
+            vec![5, 13, 3, 96],
+            vec![4, 3, 96],
+            vec![4, 721, 1440],
+            vec![7],
+            vec![1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3],
+        ] {
+            let n: usize = shape.iter().product();
+            let data: Vec<f32> = (0..n)
+                .map(|i| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    // Every bit pattern class: signs, subnormals, large values.
+                    f32::from_bits(seed) * if i % 3 == 0 { 1.0 } else { 1e-30 }
+                })
+                .map(|v| if v.is_finite() { v } else { 1.5 })
+                .collect();
+            let p = dir.join("x.npy");
+            write_values(&p, &shape, &data).unwrap();
+            let got = std::fs::read(&p).unwrap();
+            // The values' bytes are npyz's (its header differs from
+            // numpy's only in a trailing comma inside the shape).
+            let theirs = npyz_bytes(&shape, &data);
+            let (h, t) = (npy_header(&shape).len(), theirs.len() - 4 * n);
+            assert!(got[h..] == theirs[t..], "shape {shape:?}: values differ");
+            assert_eq!(npy_header(&shape).len() % 64, 0, "{shape:?}");
+            if let Some(kind) = [Kind::Upper, Kind::Surface]
+                .into_iter()
+                .find(|k| k.grid(&shape).is_some())
+            {
+                let back = read(&p, kind, "test").unwrap();
+                assert_eq!(back.shape, shape);
+                assert!(
+                    back.data
+                        .iter()
+                        .zip(&data)
+                        .all(|(a, b)| a.to_bits() == b.to_bits())
+                );
+            }
+        }
+        // numpy 2's `np.save` header for this shape, byte for byte.
+        let mut numpy = b"\x93NUMPY\x01\x00v\x00".to_vec();
+        numpy.extend_from_slice(
+            b"{'descr': '<f4', 'fortran_order': False, 'shape': (5, 13, 3, 96), }",
+        );
+        numpy.extend_from_slice(&[b' '; 50]);
+        numpy.push(b'\n');
+        assert_eq!(npy_header(&[5, 13, 3, 96]), numpy);
+        // A length that does not match the shape: an error and no file.
+        let p = dir.join("bad.npy");
+        assert!(write_values(&p, &[4, 3, 96], &[0.0; 10]).is_err());
+        assert!(write_values(&p, &[usize::MAX, 2], &[0.0; 10]).is_err());
+        assert!(!p.exists() && !p.with_extension("npy.partial").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

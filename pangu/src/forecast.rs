@@ -3,7 +3,7 @@
 //! between steps, each step's output written by a writer thread while the
 //! next step computes.
 use crate::error::{Error, Result};
-use crate::fields::{self, Field};
+use crate::fields;
 use crate::model::Pangu;
 use candle_core::{DType, Device, Tensor};
 use std::collections::BTreeMap;
@@ -124,19 +124,117 @@ pub struct Rollout {
     pub write_seconds: f64,
 }
 
-/// A step's fields on the device, and on the host when they are written.
-type StepFields = (Tensor, Tensor, Option<(Field, Field)>);
-
-/// Moves a field set of `dims` from the device to the host.
-fn to_host(t: &Tensor) -> Result<Field> {
-    let shape = t.dims().to_vec();
-    let data = t
-        .to_dtype(DType::F32)?
-        .to_device(&Device::Cpu)?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    Ok(Field { shape, data })
+/// One field's values on the host: page-locked memory on CUDA (a
+/// device-to-host copy into pageable memory runs at a small fraction of
+/// the bus's speed), a plain vector elsewhere. Reused from step to step.
+enum HostBuf {
+    Vec(Vec<f32>),
+    #[cfg(feature = "cuda")]
+    Pinned(candle_core::cuda_backend::cudarc::driver::PinnedHostSlice<f32>),
 }
+
+#[cfg(feature = "cuda")]
+fn driver_err(e: impl std::fmt::Debug) -> Error {
+    Error::Candle(candle_core::Error::Msg(format!(
+        "device-to-host copy: {e:?}"
+    )))
+}
+
+impl HostBuf {
+    /// Copies `t` (any float dtype, any device) into this buffer as f32
+    /// and waits for the copy.
+    fn fill(&mut self, t: &Tensor) -> Result<()> {
+        let t = t.to_dtype(DType::F32)?.contiguous()?;
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(dev) = t.device() {
+            let n = t.elem_count();
+            let (storage, layout) = t.storage_and_layout();
+            let candle_core::Storage::Cuda(cs) = &*storage else {
+                return Err(driver_err("a CUDA tensor without CUDA storage"));
+            };
+            let start = layout.start_offset();
+            let src = cs.as_cuda_slice::<f32>()?.slice(start..start + n);
+            let stream = dev.cuda_stream();
+            if !matches!(self, HostBuf::Pinned(p) if p.len() == n) {
+                // SAFETY: flags 0 is plain page-locked, cached memory; it
+                // is written whole by the copy below before it is read.
+                let p = unsafe { stream.context().alloc_pinned_with_flags::<f32>(n, 0) }
+                    .map_err(driver_err)?;
+                *self = HostBuf::Pinned(p);
+            }
+            if let HostBuf::Pinned(p) = self {
+                stream.memcpy_dtoh(&src, p).map_err(driver_err)?;
+                // Waits for the copy (the buffer's event).
+                p.as_slice().map_err(driver_err)?;
+            }
+            return Ok(());
+        }
+        *self = HostBuf::Vec(t.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?);
+        Ok(())
+    }
+
+    fn values(&self) -> Result<&[f32]> {
+        match self {
+            HostBuf::Vec(v) => Ok(v),
+            #[cfg(feature = "cuda")]
+            HostBuf::Pinned(p) => p.as_slice().map_err(driver_err),
+        }
+    }
+}
+
+/// A step's two fields on the host, with their shapes.
+struct Staged {
+    upper: HostBuf,
+    surface: HostBuf,
+    shapes: (Vec<usize>, Vec<usize>),
+}
+
+impl Staged {
+    fn new() -> Staged {
+        Staged {
+            upper: HostBuf::Vec(Vec::new()),
+            surface: HostBuf::Vec(Vec::new()),
+            shapes: (Vec::new(), Vec::new()),
+        }
+    }
+
+    fn fill(&mut self, upper: &Tensor, surface: &Tensor) -> Result<()> {
+        self.upper.fill(upper)?;
+        self.surface.fill(surface)?;
+        self.shapes = (upper.dims().to_vec(), surface.dims().to_vec());
+        Ok(())
+    }
+
+    fn write(&self, pu: &Path, ps: &Path) -> Result<()> {
+        fields::write_values(pu, &self.shapes.0, self.upper.values()?)?;
+        fields::write_values(ps, &self.shapes.1, self.surface.values()?)
+    }
+}
+
+/// One step's output, on its device, written as the rollout writes it
+/// (page-locked staging on CUDA) to the files of `lead` hours in `dir`:
+/// returns the seconds of the device-to-host copy and of the file
+/// writes, each measured alone, after an untimed first copy that
+/// allocates the staging buffers.
+pub fn copy_and_write(
+    dir: &Path,
+    lead: u32,
+    upper: &Tensor,
+    surface: &Tensor,
+) -> Result<(f64, f64)> {
+    let mut staged = Staged::new();
+    staged.fill(upper, surface)?;
+    let t = Instant::now();
+    staged.fill(upper, surface)?;
+    let copy = t.elapsed().as_secs_f64();
+    let (pu, ps) = output_paths(dir, lead);
+    let t = Instant::now();
+    staged.write(&pu, &ps)?;
+    Ok((copy, t.elapsed().as_secs_f64()))
+}
+
+/// A step's fields on the device, and on the host when they are written.
+type StepFields = (Tensor, Tensor, Option<Staged>);
 
 /// Runs `plan` (intervals from [`schedule`]) from `(upper, surface)` on
 /// the models' device, each step starting from the previous step's fields
@@ -157,16 +255,22 @@ pub fn rollout(
             return Err(Error::invalid("--weights", format!("no {h}h model loaded")));
         }
     }
-    // One pending file pair at most: the writer overlaps the next step's
-    // compute and never holds more than one step on the host.
-    let (tx, rx) = mpsc::sync_channel::<(PathBuf, PathBuf, Field, Field)>(1);
+    // Two host buffers circulate: the writer writes one while the next
+    // step computes and is copied into the other; it hands each back when
+    // its files are written, so the host never holds more than two steps.
+    let (tx, rx) = mpsc::sync_channel::<(PathBuf, PathBuf, Staged)>(1);
+    let (free_tx, free_rx) = mpsc::channel::<Staged>();
+    let mut buffers = 0;
+    // The buffer of the inline path (no writer thread).
+    let mut spare: Option<Staged> = None;
     let writer = std::thread::spawn(move || -> Result<f64> {
         let mut busy = 0.0;
-        for (pu, ps, fu, fs) in rx {
+        for (pu, ps, staged) in rx {
             let t = Instant::now();
-            fields::write(&pu, &fu)?;
-            fields::write(&ps, &fs)?;
+            staged.write(&pu, &ps)?;
             busy += t.elapsed().as_secs_f64();
+            // The rollout may have ended: a buffer nobody takes is freed.
+            let _ = free_tx.send(staged);
         }
         Ok(busy)
     });
@@ -183,7 +287,20 @@ pub fn rollout(
             let m = &models[&h];
             let (nu, ns) = m.forward(&u, &s)?;
             let host = if write {
-                Some((to_host(&nu)?, to_host(&ns)?))
+                let mut staged = match spare.take().ok_or(()).or_else(|()| free_rx.try_recv()) {
+                    Ok(b) => b,
+                    Err(_) if buffers < 2 => {
+                        buffers += 1;
+                        Staged::new()
+                    }
+                    // The writer is behind: wait for its buffer (a writer
+                    // that failed drops it, and its error is reported).
+                    Err(_) => free_rx
+                        .recv()
+                        .map_err(|_| Error::invalid("writer", "the output writer stopped"))?,
+                };
+                staged.fill(&nu, &ns)?;
+                Some(staged)
             } else {
                 // The step's fields stay on the device; wait for them so
                 // that the step's time is its own.
@@ -208,16 +325,17 @@ pub fn rollout(
         };
         on_step(&st);
         steps.push(st);
-        if let Some((fu, fs)) = host {
+        if let Some(staged) = host {
             let (pu, ps) = output_paths(out.dir, lead);
             if out.background {
-                if tx.send((pu, ps, fu, fs)).is_err() {
+                if tx.send((pu, ps, staged)).is_err() {
                     break;
                 }
             } else {
                 let t = Instant::now();
-                let w = fields::write(&pu, &fu).and_then(|()| fields::write(&ps, &fs));
+                let w = staged.write(&pu, &ps);
                 inline_write += t.elapsed().as_secs_f64();
+                spare = Some(staged);
                 if let Err(e) = w {
                     failure = Some(e);
                     break;
@@ -231,10 +349,12 @@ pub fn rollout(
     let written = writer
         .join()
         .map_err(|_| Error::invalid("writer", "the output writer panicked"))?;
+    // A writer's error first: a step that stopped because the writer did
+    // reports only that it stopped.
+    let write_seconds = written? + inline_write;
     if let Some(e) = failure {
         return Err(e);
     }
-    let write_seconds = written? + inline_write;
     Ok(Rollout {
         steps,
         total_seconds: start.elapsed().as_secs_f64(),

@@ -818,18 +818,14 @@ fn bench(
             *by_cat.entry(category(step)).or_default() += us / 1e3;
         }
     }
-    let mut write_ms = None;
+    let mut copy_write = None;
     if let (Some(dir), Some((yu, ys))) = (write_dir, last.as_ref()) {
         std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
         device.synchronize()?;
-        let t = Instant::now();
-        let (pu, ps) = forecast::output_paths(dir, w_interval(wfile, &g));
-        let hu = to_field(yu)?;
-        let hs = to_field(ys)?;
-        fields::write(&pu, &hu)?;
-        fields::write(&ps, &hs)?;
-        write_ms = Some(t.elapsed().as_secs_f64() * 1e3);
+        let (c, w) = forecast::copy_and_write(dir, w_interval(wfile, &g), yu, ys)?;
+        copy_write = Some((c * 1e3, w * 1e3));
     }
+    let write_ms = copy_write.map(|(c, w)| c + w);
     println!(
         "pangu step ({} build, {:?}, {} x {}): median {median:.2} ms of {steps} (after {warmup} warm-up)",
         build.name(),
@@ -847,8 +843,11 @@ fn bench(
             mib(p.reserved)
         );
     }
-    if let Some(ms) = write_ms {
-        println!("one step's device-to-host copy + npy write alone: {ms:.1} ms");
+    if let Some((c, w)) = copy_write {
+        println!(
+            "one step's device-to-host copy {c:.1} ms + npy write {w:.1} ms = {:.1} ms, alone",
+            c + w
+        );
     }
     if let Some(j) = json {
         let cats: Vec<String> = by_cat
@@ -857,7 +856,7 @@ fn bench(
             .collect();
         let raw: Vec<String> = samples.iter().map(|v| format!("{v}")).collect();
         let rec = format!(
-            "{{\"kind\":\"pangu_step\",\"build\":\"{}\",\"dtype\":\"{:?}\",\"lat\":{},\"lon\":{},\"order\":\"{}\",\"warmup\":{warmup},\"steps\":{steps},\"median_ms\":{median},\"samples_ms\":[{}],\"peak_used_bytes\":{},\"peak_reserved_bytes\":{},\"device_used_before_bytes\":{},\"breakdown_ms\":{{{}}},\"d2h_write_ms\":{}}}\n",
+            "{{\"kind\":\"pangu_step\",\"build\":\"{}\",\"dtype\":\"{:?}\",\"lat\":{},\"lon\":{},\"order\":\"{}\",\"warmup\":{warmup},\"steps\":{steps},\"median_ms\":{median},\"samples_ms\":[{}],\"peak_used_bytes\":{},\"peak_reserved_bytes\":{},\"device_used_before_bytes\":{},\"breakdown_ms\":{{{}}},\"d2h_write_ms\":{},\"d2h_ms\":{},\"write_ms\":{}}}\n",
             build.name(),
             dtype,
             g.lat,
@@ -868,7 +867,9 @@ fn bench(
             peak.map_or(0, |p| p.reserved),
             base.map_or(0, |b| b.0),
             cats.join(","),
-            write_ms.map_or("null".to_string(), |v| v.to_string())
+            write_ms.map_or("null".to_string(), |v| v.to_string()),
+            copy_write.map_or("null".to_string(), |v| v.0.to_string()),
+            copy_write.map_or("null".to_string(), |v| v.1.to_string())
         );
         std::fs::write(j, rec).map_err(Error::io(j))?;
     }
@@ -880,15 +881,4 @@ fn w_interval(wfile: &Path, g: &Geometry) -> u32 {
         .ok()
         .and_then(|w| w.meta.interval_hours)
         .unwrap_or(24)
-}
-
-fn to_field(t: &Tensor) -> Result<Field> {
-    Ok(Field {
-        shape: t.dims().to_vec(),
-        data: t
-            .to_dtype(DType::F32)?
-            .to_device(&Device::Cpu)?
-            .flatten_all()?
-            .to_vec1::<f32>()?,
-    })
 }
