@@ -109,6 +109,14 @@ if has rollout; then
     --surface "$data/input_surface.npy" --lead 7d --out "$data/forecast" --device "$device" \
     --json "$out/rollout.json" --quiet
   ls -la "$data/forecast" >> "$out/rollout.txt" 2>&1
+  # The rollout's first step went through the page-locked staging: it must
+  # equal the bench's written step (same weights, same input).
+  for k in upper surface; do
+    "$py" -c 'import sys, numpy as np; a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+print(sys.argv[3], "rollout +24 h vs bench output: shapes", a.shape, b.shape, "max abs diff",
+      float(np.abs(a.astype("f8") - b).max()) if a.shape == b.shape else "n/a")' \
+      "$data/forecast/output_${k}_024h.npy" "$data/rust/output_${k}_024h.npy" "$k" 2>&1 | tee -a "$out/rollout.txt"
+  done
 fi
 if has torch; then
   PYTHONUNBUFFERED=1 step torch "$py" "$ref" bench --weights "$w" --lat "$lat" --lon "$lon" --seed 1 \
