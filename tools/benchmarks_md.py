@@ -480,16 +480,21 @@ def record_model(args):
              "torch": torch_v, "command": " ; ".join(commands), "date": ms[0]["date"]}
     lines = []
     rust = None
-    if os.path.exists(os.path.join(d, "rust.json")):
-        rust = load_json(os.path.join(d, "rust.json"))
-        if rust.get("build") != "wavefuse" or rust.get("dtype") != "F16":
-            raise RecordError(f"{d}/rust.json: build {rust.get('build')} {rust.get('dtype')}, not wavefuse F16")
-        lines.append({"kind": "model_step", "impl": "wavefuse f16", "lat": rust["lat"], "lon": rust["lon"],
-                      "order": rust["order"], "warmup": rust["warmup"], "steps": rust["steps"],
-                      "median_ms": rust["median_ms"], "samples_ms": rust["samples_ms"],
-                      "peak_allocated_bytes": rust["peak_used_bytes"],
-                      "peak_reserved_bytes": rust["peak_reserved_bytes"],
-                      "breakdown_ms": rust["breakdown_ms"], "d2h_write_ms": rust["d2h_write_ms"]})
+    for fn, impl in (("rust.json", "wavefuse f16"), ("rust-unchunked.json", "wavefuse f16, MLP unchunked")):
+        if not os.path.exists(os.path.join(d, fn)):
+            continue
+        r = load_json(os.path.join(d, fn))
+        if r.get("build") != "wavefuse" or r.get("dtype") != "F16":
+            raise RecordError(f"{d}/{fn}: build {r.get('build')} {r.get('dtype')}, not wavefuse F16")
+        if fn == "rust.json":
+            rust = r
+        lines.append({"kind": "model_step", "impl": impl, "lat": r["lat"], "lon": r["lon"],
+                      "order": r["order"], "warmup": r["warmup"], "steps": r["steps"],
+                      "mlp_chunks": r.get("mlp_chunks"), "median_ms": r["median_ms"], "samples_ms": r["samples_ms"],
+                      "peak_allocated_bytes": r["peak_used_bytes"],
+                      "peak_reserved_bytes": r["peak_reserved_bytes"],
+                      "breakdown_ms": r["breakdown_ms"], "d2h_write_ms": r["d2h_write_ms"],
+                      "d2h_ms": r.get("d2h_ms"), "write_ms": r.get("write_ms")})
     for fn in ("torch.json", "autotune.json"):
         if not os.path.exists(os.path.join(d, fn)):
             continue

@@ -12,7 +12,8 @@
 #   ref       the f32 and f16 PyTorch reference of one step
 #   rust      `pangu bench`: GPU-resident step time, peak device memory,
 #             per-op breakdown, one step's output, one step's
-#             device-to-host copy + npy write alone
+#             device-to-host copy + npy write alone; then the same step
+#             with the MLP unchunked (--mlp-chunks 1)
 #   check     regression gate: Rust f16 against the f32 reference, per
 #             channel, bar = PyTorch's own f16 eager; plus the swap test
 #   rollout   `pangu forecast` 7 x 24 h from host arrays to files per step
@@ -98,6 +99,10 @@ if has rust; then
   rm -rf "$data/rust"
   step rust "$bin" bench --weights "$w" --upper "$data/input_upper.npy" --surface "$data/input_surface.npy" \
     --device "$device" --warmup 5 --steps "${STEPS:-30}" --write-dir "$data/rust" --json "$out/rust.json"
+  # The same without the MLP's row chunks: what they save and cost.
+  step rust-unchunked "$bin" bench --weights "$w" --upper "$data/input_upper.npy" \
+    --surface "$data/input_surface.npy" --device "$device" --warmup 5 --steps "${STEPS:-30}" --mlp-chunks 1 \
+    --json "$out/rust-unchunked.json"
 fi
 if has check; then
   step check "$py" "$ref" check --ref "$data/ref" --rust "$data/rust" --swap-test --json "$out/check.json" \

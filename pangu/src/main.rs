@@ -43,6 +43,10 @@ struct Run {
     /// f32 on the CPU.
     #[arg(long)]
     dtype: Option<String>,
+    /// Row chunks of each post-norm block's MLP half (wavefuse build;
+    /// 1: none). More chunks, lower peak device memory, same output.
+    #[arg(long, default_value_t = pangu::model::DEFAULT_MLP_CHUNKS)]
+    mlp_chunks: usize,
 }
 
 #[derive(Subcommand)]
@@ -539,7 +543,7 @@ fn run_forecast(
     let t_load = Instant::now();
     let mut models = BTreeMap::new();
     for (h, w) in checked {
-        models.insert(h, Pangu::load(&w, g, &device, Options::new(build, dtype))?);
+        models.insert(h, Pangu::load(&w, g, &device, opts(run, build, dtype))?);
     }
     let fd = models
         .values()
@@ -785,7 +789,7 @@ fn bench(
     let (fu, fs, g) = read_fields(upper, surface)?;
     let (device, build, dtype) = pick_device(run)?;
     let w = Weights::read(wfile, &g)?;
-    let m = Pangu::load(&w, g, &device, Options::new(build, dtype))?;
+    let m = Pangu::load(&w, g, &device, opts(run, build, dtype))?;
     drop(w);
     let fd = m.field_dtype();
     let (u, s) = (upload(&fu, &device, fd)?, upload(&fs, &device, fd)?);
@@ -856,12 +860,13 @@ fn bench(
             .collect();
         let raw: Vec<String> = samples.iter().map(|v| format!("{v}")).collect();
         let rec = format!(
-            "{{\"kind\":\"pangu_step\",\"build\":\"{}\",\"dtype\":\"{:?}\",\"lat\":{},\"lon\":{},\"order\":\"{}\",\"warmup\":{warmup},\"steps\":{steps},\"median_ms\":{median},\"samples_ms\":[{}],\"peak_used_bytes\":{},\"peak_reserved_bytes\":{},\"device_used_before_bytes\":{},\"breakdown_ms\":{{{}}},\"d2h_write_ms\":{},\"d2h_ms\":{},\"write_ms\":{}}}\n",
+            "{{\"kind\":\"pangu_step\",\"build\":\"{}\",\"dtype\":\"{:?}\",\"lat\":{},\"lon\":{},\"order\":\"{}\",\"mlp_chunks\":{},\"warmup\":{warmup},\"steps\":{steps},\"median_ms\":{median},\"samples_ms\":[{}],\"peak_used_bytes\":{},\"peak_reserved_bytes\":{},\"device_used_before_bytes\":{},\"breakdown_ms\":{{{}}},\"d2h_write_ms\":{},\"d2h_ms\":{},\"write_ms\":{}}}\n",
             build.name(),
             dtype,
             g.lat,
             g.lon,
             m.order().name(),
+            run.mlp_chunks.max(1),
             raw.join(","),
             peak.map_or(0, |p| p.used),
             peak.map_or(0, |p| p.reserved),
@@ -874,6 +879,14 @@ fn bench(
         std::fs::write(j, rec).map_err(Error::io(j))?;
     }
     Ok(())
+}
+
+/// The model options a run asks for.
+fn opts(run: &Run, build: Build, dtype: DType) -> Options {
+    Options {
+        mlp_chunks: run.mlp_chunks.max(1),
+        ..Options::new(build, dtype)
+    }
 }
 
 fn w_interval(wfile: &Path, g: &Geometry) -> u32 {

@@ -71,10 +71,18 @@ pub struct Options {
     pub build: Build,
     /// The activation dtype (f16 for [`Build::Wavefuse`]).
     pub dtype: DType,
+    /// Row chunks of each post-norm block's MLP half in the wavefuse
+    /// build (1: none): the peak device memory falls with the `[rows, 4C]`
+    /// hidden tensor it holds; the output does not change.
+    pub mlp_chunks: usize,
     /// Test-only wiring faults.
     #[doc(hidden)]
     pub faults: Faults,
 }
+
+/// The wavefuse build's MLP chunks unless told otherwise: the hidden
+/// tensor at a quarter of its full size.
+pub const DEFAULT_MLP_CHUNKS: usize = 4;
 
 impl Options {
     /// `build` computing in `dtype`.
@@ -82,6 +90,7 @@ impl Options {
         Options {
             build,
             dtype,
+            mlp_chunks: DEFAULT_MLP_CHUNKS,
             faults: Faults::default(),
         }
     }
@@ -188,7 +197,7 @@ impl Pangu {
                 }
                 Build::Candle => None,
             },
-            wf: WavefuseOps::new(),
+            wf: WavefuseOps::new().with_mlp_chunks(opts.mlp_chunks),
         })
     }
 

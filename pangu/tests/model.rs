@@ -242,3 +242,36 @@ fn f16_builds_match_pytorch() {
         );
     }
 }
+
+/// The wavefuse build's MLP chunking (rows cut into chunks that each run
+/// the MLP half and write their sums back over their rows) changes the
+/// peak memory, never the output: every chunk count, a ragged last chunk
+/// included, gives the unchunked network's bits.
+#[test]
+fn mlp_chunks_leave_the_output_bit_for_bit() {
+    let with = |chunks: usize| {
+        let opts = Options {
+            mlp_chunks: chunks,
+            ..Options::new(Build::Wavefuse, DType::F16)
+        };
+        let (yu, ys, _, _) = outputs(BlockOrder::Post, opts);
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        (bits(&yu), bits(&ys))
+    };
+    let whole = with(1);
+    // 25 x 96: 1344 first-scale rows (4 chunks: 3 x 384 + 192; 3 chunks:
+    // 2 x 512 + 320) and 384 second-scale rows (3 x 128).
+    for chunks in [3, 4] {
+        assert!(with(chunks) == whole, "{chunks} chunks change the output");
+    }
+}

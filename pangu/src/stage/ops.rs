@@ -143,6 +143,7 @@ pub trait StageOps {
 
     /// A post-norm block's MLP half: `x + LayerNorm(mlp(x)) * gamma + beta`
     /// with the MLP's first Linear as trained. `x` is a residual the stage
-    /// made; it is not updated.
+    /// made (the block's [`StageOps::unpartition_norm_add`] output): a
+    /// build may update it in place and return it.
     fn mlp_norm_add(&self, x: &Tensor, w: &BlockWeights) -> Result<Tensor>;
 }

@@ -88,6 +88,18 @@ impl Tables {
 pub struct WavefuseOps {
     probe: Probe,
     unfused: bool,
+    /// Row chunks of a post-norm block's MLP half (0 and 1: none).
+    mlp_chunks: usize,
+}
+
+/// Rows per chunk when `rows` are cut into `chunks`: a multiple of 128, so
+/// that every chunk starts on a 256-byte boundary at any width (the
+/// kernels' and cuBLASLt's alignment), and `rows` itself for 0 or 1 chunk.
+fn chunk_rows(rows: usize, chunks: usize) -> usize {
+    if chunks <= 1 {
+        return rows.max(1);
+    }
+    rows.div_ceil(chunks).div_ceil(128).max(1) * 128
 }
 
 impl WavefuseOps {
@@ -105,6 +117,15 @@ impl WavefuseOps {
             unfused: true,
             ..WavefuseOps::default()
         }
+    }
+
+    /// The same with a post-norm block's MLP half run over `chunks` row
+    /// chunks: the `[rows, 4C]` hidden tensor, the largest of the block,
+    /// then lives for one chunk's rows at a time (every op of that half is
+    /// row-local, so the output's bits do not depend on `chunks`).
+    pub fn with_mlp_chunks(mut self, chunks: usize) -> WavefuseOps {
+        self.mlp_chunks = chunks;
+        self
     }
 
     /// The step timer ([`Probe::start`] before a forward, [`Probe::finish`]
@@ -202,10 +223,13 @@ impl StageOps for WavefuseOps {
     }
 
     fn mlp(&self, h: &Tensor, w: &BlockWeights) -> Result<Tensor> {
-        let a = wavefuse_candle::linear(h, &w.fc1.w, &w.fc1.b)?;
-        self.mark("fc1_gemm")?;
-        // The bias is in: a zero bias leaves `gelu(a)`, rounded once.
-        let a = wavefuse_candle::bias_gelu(&a, &w.fc1.zero, GeluMode::Erf)?;
+        // The first Linear's output is freed as soon as the GELU has read it.
+        let a = {
+            let a = wavefuse_candle::linear(h, &w.fc1.w, &w.fc1.b)?;
+            self.mark("fc1_gemm")?;
+            // The bias is in: a zero bias leaves `gelu(a)`, rounded once.
+            wavefuse_candle::bias_gelu(&a, &w.fc1.zero, GeluMode::Erf)?
+        };
         self.mark("gelu")?;
         let y = wavefuse_candle::linear(&a, &w.fc2_w, &w.fc2_b)?;
         self.mark("fc2_gemm")?;
@@ -244,9 +268,30 @@ impl StageOps for WavefuseOps {
     }
 
     fn mlp_norm_add(&self, x: &Tensor, w: &BlockWeights) -> Result<Tensor> {
-        let m = self.mlp(x, w)?;
-        let r = wavefuse_candle::layer_norm(&m, Some(&w.norm2.packed), LN_EPS)?;
-        self.mark("norm")?;
-        self.add(&r, x)
+        let rows = x.dim(0)?;
+        let step = chunk_rows(rows, self.mlp_chunks);
+        if step >= rows {
+            let m = self.mlp(x, w)?;
+            let r = wavefuse_candle::layer_norm(&m, Some(&w.norm2.packed), LN_EPS)?;
+            self.mark("norm")?;
+            // `r` is fresh: the sum goes into it (f16 addition commutes).
+            return self.add(&r, x);
+        }
+        let mut start = 0;
+        while start < rows {
+            let n = step.min(rows - start);
+            // A view of x's rows: the chunk's MLP reads them, then its sum
+            // is written back over them (one stream orders the two; no
+            // other chunk reads these rows).
+            let xc = x.narrow(0, start, n)?;
+            let r = {
+                let m = self.mlp(&xc, w)?;
+                wavefuse_candle::layer_norm(&m, Some(&w.norm2.packed), LN_EPS)?
+            };
+            self.mark("norm")?;
+            self.add(&xc, &r)?;
+            start += n;
+        }
+        Ok(x.clone())
     }
 }
