@@ -164,8 +164,10 @@ impl HostBuf {
             }
             if let HostBuf::Pinned(p) = self {
                 stream.memcpy_dtoh(&src, p).map_err(driver_err)?;
-                // Waits for the copy (the buffer's event).
-                p.as_slice().map_err(driver_err)?;
+                // Waits for the copy. Not the buffer's own event: candle
+                // turns cudarc's event tracking off, so that event is
+                // never recorded and would not wait.
+                stream.synchronize().map_err(driver_err)?;
             }
             return Ok(());
         }
