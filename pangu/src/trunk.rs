@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 use crate::model::{Build, Options};
 use crate::stage::config::{SHIFT, WINDOW};
 use crate::stage::ops::{Affine, StageOps};
-use crate::stage::tables::{Windowing, expand_earth_bias};
-use crate::stage::weights::{BlockWeights, Fc1, fold_layer_norm};
+use crate::stage::tables::{Windowing, bias_table_rows, earth_position_index};
+use crate::stage::weights::{BlockWeights, EarthBias, Fc1, fold_layer_norm};
 use crate::stage::{CandleOps, WavefuseOps};
 use crate::upsample::Upsample;
 use crate::weights::{TOKENS, Weights};
@@ -192,7 +192,9 @@ impl Trunk {
     ) -> Result<Tensor> {
         let (qkv, bias) = ops.qkv(h, &b.w)?;
         ops.mark("qkv_gemm")?;
-        let o = ops.attention(&qkv, bias, &b.w.earth_bias, b.heads, win)?;
+        // Expanded for this attention only (see `EarthBias`).
+        let earth = b.w.earth_bias.expanded()?;
+        let o = ops.attention(&qkv, bias, &earth, b.heads, win)?;
         Ok(ops.proj(&o, &b.w, win)?)
     }
 
@@ -206,9 +208,73 @@ impl Trunk {
     }
 }
 
-/// One block's parameters in the stage's layout: the earth bias expanded
-/// to `[types, heads, 144, 144]`, norm2 kept (and folded into fc1 for the
-/// candle pre-norm build).
+/// A block's earth-specific bias from the weight file, kept as Pangu's
+/// table `[rows, types, heads]` and expanded at each use. A file holds the
+/// table (the seeded weights) or, as the released files do, the expansion
+/// `[1, types, heads, T, T]`: that is folded back to the table when it is
+/// exactly the table's expansion (checked value for value), else kept
+/// expanded. Either way the attention adds the same values.
+fn earth_bias(
+    table: &Tensor,
+    what: &str,
+    types: usize,
+    heads: usize,
+    device: &Device,
+    dtype: DType,
+) -> Result<EarthBias> {
+    let rows = bias_table_rows(WINDOW);
+    let tt = TOKENS * TOKENS;
+    let shape_err = || Error::Shape {
+        what: what.to_string(),
+        got: table.dims().to_vec(),
+        want: format!("[{rows}, {types}, {heads}] or [1, {types}, {heads}, {TOKENS}, {TOKENS}]"),
+    };
+    let idx = earth_position_index(WINDOW);
+    let index = Tensor::from_vec(idx.clone(), tt, &Device::Cpu)?;
+    let dev = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(dtype)?.to_device(device)?) };
+    let table_t = match table.dims() {
+        [r, t, h] if (*r, *t, *h) == (rows, types, heads) => table
+            .permute((1, 2, 0))?
+            .contiguous()?
+            .reshape((types * heads, rows))?,
+        [1, t, h, a, b] | [t, h, a, b] if (*t, *h, *a, *b) == (types, heads, TOKENS, TOKENS) => {
+            let flat = table.reshape((types * heads, tt))?;
+            // The first position of each table row.
+            let mut first = vec![u32::MAX; rows];
+            for (p, &r) in idx.iter().enumerate() {
+                if let Some(f) = first.get_mut(r as usize).filter(|f| **f == u32::MAX) {
+                    *f = p as u32;
+                }
+            }
+            let first = Tensor::from_vec(first, rows, &Device::Cpu)?;
+            let table_t = flat.index_select(&first, 1)?;
+            let same = table_t
+                .index_select(&index, 1)?
+                .eq(&flat)?
+                .to_dtype(DType::U32)?
+                .sum_all()?
+                .to_scalar::<u32>()?;
+            if same as usize != flat.elem_count() {
+                return Ok(EarthBias::Expanded(dev(
+                    &flat.reshape((types, heads, TOKENS, TOKENS))?
+                )?));
+            }
+            table_t
+        }
+        _ => return Err(shape_err()),
+    };
+    Ok(EarthBias::Table {
+        table: dev(&table_t)?,
+        index: index.to_device(device)?,
+        types,
+        heads,
+        tokens: TOKENS,
+    })
+}
+
+/// One block's parameters in the stage's layout: the earth bias as a
+/// table expanded at each use ([`earth_bias`]), norm2 kept (and folded
+/// into fc1 for the candle pre-norm build).
 fn block_weights(
     w: &Weights,
     p: &str,
@@ -220,20 +286,14 @@ fn block_weights(
     let get = |s: &str| w.get(&format!("{p}.{s}"));
     let dev = |x: &Tensor| -> Result<Tensor> { Ok(x.to_dtype(dtype)?.to_device(device)?) };
     let heads = c / 32;
-    let table = get("attn.earth_specific_bias")?;
-    let bias = match table.rank() {
-        3 => expand_earth_bias(table, WINDOW)?,
-        5 => table.squeeze(0)?,
-        _ => table.clone(),
-    };
-    let want = [win.n_types(), heads, TOKENS, TOKENS];
-    if bias.dims() != want {
-        return Err(Error::Shape {
-            what: format!("{}: `{p}.attn.earth_specific_bias`", w.file),
-            got: table.dims().to_vec(),
-            want: format!("{want:?} once expanded"),
-        });
-    }
+    let earth = earth_bias(
+        get("attn.earth_specific_bias")?,
+        &format!("{}: `{p}.attn.earth_specific_bias`", w.file),
+        win.n_types(),
+        heads,
+        device,
+        dtype,
+    )?;
     let (fc1_w, fc1_b) = fold_layer_norm(
         get("norm2.weight")?,
         get("norm2.bias")?,
@@ -250,7 +310,7 @@ fn block_weights(
         norm1: affine("norm1")?,
         qkv_w: dev(get("attn.qkv.weight")?)?,
         qkv_b: dev(get("attn.qkv.bias")?)?,
-        earth_bias: dev(&bias.contiguous()?)?,
+        earth_bias: earth,
         proj_w: dev(get("attn.proj.weight")?)?,
         proj_b: dev(get("attn.proj.bias")?)?,
         norm2: affine("norm2")?,
@@ -264,4 +324,63 @@ fn block_weights(
             zero: Tensor::zeros(4 * c, dtype, device)?,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stage::tables::expand_earth_bias;
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
+    /// Each form a file may hold gives, at each use, the expansion the
+    /// attention needs: the table; its released expansion (folded back to
+    /// the table); and an "expansion" that is not one (kept as it is).
+    #[test]
+    fn earth_bias_expands_to_what_the_file_means() {
+        let (types, heads) = (3, 2);
+        let rows = bias_table_rows(WINDOW);
+        let n = rows * types * heads;
+        let data: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0)
+            .collect();
+        let table = Tensor::from_vec(data, (rows, types, heads), &Device::Cpu).unwrap();
+        let want = expand_earth_bias(&table, WINDOW).unwrap();
+        let dev = Device::Cpu;
+
+        let b = earth_bias(&table, "t", types, heads, &dev, DType::F32).unwrap();
+        assert!(matches!(b, EarthBias::Table { .. }));
+        assert_eq!(values(&b.expanded().unwrap()), values(&want));
+
+        let released = want.unsqueeze(0).unwrap();
+        let b = earth_bias(&released, "t", types, heads, &dev, DType::F32).unwrap();
+        assert!(
+            matches!(b, EarthBias::Table { .. }),
+            "a true expansion folds back"
+        );
+        assert_eq!(values(&b.expanded().unwrap()), values(&want));
+
+        // One value changed: no table expands to it, so it is kept.
+        let mut v = values(&want);
+        v[12345] += 1.0;
+        let odd = Tensor::from_vec(v.clone(), (1, types, heads, TOKENS, TOKENS), &dev).unwrap();
+        let b = earth_bias(&odd, "t", types, heads, &dev, DType::F32).unwrap();
+        assert!(matches!(b, EarthBias::Expanded(_)));
+        assert_eq!(values(&b.expanded().unwrap()), v);
+
+        // Wrong shapes are refused.
+        for bad in [
+            Tensor::zeros((rows, types, heads + 1), DType::F32, &dev).unwrap(),
+            Tensor::zeros((1, types, heads, TOKENS, TOKENS - 1), DType::F32, &dev).unwrap(),
+        ] {
+            assert!(earth_bias(&bad, "t", types, heads, &dev, DType::F32).is_err());
+        }
+    }
 }

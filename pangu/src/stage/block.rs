@@ -47,7 +47,8 @@ impl Block {
     fn attention(&self, ops: &dyn StageOps, h: &Tensor) -> Result<Tensor> {
         let (qkv, qkv_bias) = ops.qkv(h, &self.w)?;
         ops.mark("qkv_gemm")?;
-        let o = ops.attention(&qkv, qkv_bias, &self.w.earth_bias, self.heads, &self.win)?;
+        let bias = self.w.earth_bias.expanded()?;
+        let o = ops.attention(&qkv, qkv_bias, &bias, self.heads, &self.win)?;
         ops.proj(&o, &self.w, &self.win)
     }
 

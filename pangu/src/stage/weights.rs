@@ -15,6 +15,50 @@ use super::tables::{Windowing, bias_table_rows, expand_earth_bias};
 use candle_core::{DType, Device, Result, Tensor};
 use std::collections::HashMap;
 
+/// A block's earth-specific bias as the attention adds it, `[types,
+/// heads, T, T]`: kept so, or kept as Pangu's table and expanded at each
+/// use, so that one block's expanded bias (31 MB at the released grid and
+/// f16) lives only while that block's attention runs, not all sixteen
+/// for the network's lifetime.
+#[derive(Debug)]
+pub enum EarthBias {
+    /// Expanded once, `[types, heads, T, T]`.
+    Expanded(Tensor),
+    /// The table, transposed to `[types * heads, rows]`, and the position
+    /// index `[T * T]` (u32) that expands it.
+    Table {
+        /// `[types * heads, rows]`, contiguous.
+        table: Tensor,
+        /// `[T * T]` table rows, u32.
+        index: Tensor,
+        /// Window types.
+        types: usize,
+        /// Heads.
+        heads: usize,
+        /// Tokens per window, T.
+        tokens: usize,
+    },
+}
+
+impl EarthBias {
+    /// The bias `[types, heads, T, T]`, contiguous: the kept tensor, or a
+    /// fresh expansion of the table (one gather).
+    pub fn expanded(&self) -> Result<Tensor> {
+        match self {
+            EarthBias::Expanded(t) => Ok(t.clone()),
+            EarthBias::Table {
+                table,
+                index,
+                types,
+                heads,
+                tokens,
+            } => table
+                .index_select(index, 1)?
+                .reshape((*types, *heads, *tokens, *tokens)),
+        }
+    }
+}
+
 /// One block's parameters as the stage runs them (the stage's dtype, on its
 /// device).
 #[derive(Debug)]
@@ -25,8 +69,8 @@ pub struct BlockWeights {
     pub qkv_w: Tensor,
     /// QKV bias `[3C]`.
     pub qkv_b: Tensor,
-    /// Earth-specific bias `[types, heads, T, T]`.
-    pub earth_bias: Tensor,
+    /// Earth-specific bias (see [`EarthBias`]).
+    pub earth_bias: EarthBias,
     /// Output projection `[C, C]`.
     pub proj_w: Tensor,
     /// Output projection bias `[C]`.
@@ -136,7 +180,7 @@ impl BlockWeights {
             )?,
             qkv_w: dev(get(t, &n("qkv.weight"), &[3 * c, c])?)?,
             qkv_b: dev(get(t, &n("qkv.bias"), &[3 * c])?)?,
-            earth_bias: dev(&expand_earth_bias(table, cfg.window)?)?,
+            earth_bias: EarthBias::Expanded(dev(&expand_earth_bias(table, cfg.window)?)?),
             proj_w: dev(get(t, &n("proj.weight"), &[c, c])?)?,
             proj_b: dev(get(t, &n("proj.bias"), &[c])?)?,
             fc1_w,
