@@ -271,9 +271,6 @@ impl Pangu {
         let g = &self.geom;
         let (h, hp, h1, w1) = (g.lat, g.lat_padded, g.h1, g.w1);
         let dtype = self.opts.dtype;
-        let u = upper
-            .broadcast_sub(&self.upper_mean)?
-            .broadcast_div(&self.upper_std)?;
         if let Some((pu, ps)) = &self.patches {
             // The wavefuse build: each patch layout (zero padding of levels
             // and latitudes, the patch features' order, the constants) and
@@ -286,16 +283,31 @@ impl Pangu {
                 let n = flat.iter().map(|t| t.elem_count()).sum::<usize>();
                 Ok(Tensor::cat(&flat, 0)?.reshape((n / 4, 4))?)
             };
-            let s = surface
-                .broadcast_sub(&self.surface_mean)?
-                .broadcast_div(&self.surface_std)?;
-            let u = wavefuse_candle::gather_to_f16(&rows(&[&u, &self.upper_constants])?, pu)?
-                .reshape((7 * h1 * w1, 192))?;
-            let s = wavefuse_candle::gather_to_f16(&rows(&[&s, &self.surface_constants])?, ps)?
-                .reshape((h1 * w1, 112))?;
+            // Each f32 temporary (normalised fields, gather source) is
+            // freed before the next is made: only the f16 patch features
+            // reach the embedding GEMMs.
+            let u = {
+                let n = upper
+                    .broadcast_sub(&self.upper_mean)?
+                    .broadcast_div(&self.upper_std)?;
+                let src = rows(&[&n, &self.upper_constants])?;
+                drop(n);
+                wavefuse_candle::gather_to_f16(&src, pu)?.reshape((7 * h1 * w1, 192))?
+            };
+            let s = {
+                let n = surface
+                    .broadcast_sub(&self.surface_mean)?
+                    .broadcast_div(&self.surface_std)?;
+                let src = rows(&[&n, &self.surface_constants])?;
+                drop(n);
+                wavefuse_candle::gather_to_f16(&src, ps)?.reshape((h1 * w1, 112))?
+            };
             self.mark("embed_layout")?;
             return self.embed_tokens(&u, &s);
         }
+        let u = upper
+            .broadcast_sub(&self.upper_mean)?
+            .broadcast_div(&self.upper_std)?;
         let u = Tensor::cat(&[&u, &self.upper_constants], 0)?
             .pad_with_zeros(1, 0, 1)?
             .pad_with_zeros(2, 0, hp - h)?
@@ -341,8 +353,11 @@ impl Pangu {
         Ok(x)
     }
 
-    /// Tokens `[8 h1 w1, 2 C]` -> de-normalised fields.
-    fn recover(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+    /// Tokens `[8 h1 w1, 2 C]` -> de-normalised fields. `x` is dropped
+    /// once the recovery GEMMs have read it, and each f32 temporary once
+    /// the next is made: at most two full-size f32 copies of the upper-air
+    /// fields are alive at once.
+    fn recover(&self, x: Tensor) -> Result<(Tensor, Tensor)> {
         let g = &self.geom;
         let (h, hp, w, h1, w1) = (g.lat, g.lat_padded, g.lon, g.h1, g.w1);
         let fd = self.field_dtype();
@@ -350,6 +365,7 @@ impl Pangu {
         let top = usize::from(self.opts.faults.crop_late);
         let ys = self.linear(&x.narrow(0, 0, plane)?, &self.recover_surface)?;
         let yu = self.linear(&x.narrow(0, plane, 7 * plane)?, &self.recover_upper)?;
+        drop(x);
         self.mark("recover_gemm")?;
         // [y, x, c, dy, dx] -> [c, y, dy, x, dx].
         let ys = ys
@@ -359,17 +375,21 @@ impl Pangu {
             .reshape((4, hp, w))?
             .narrow(1, top, h)?;
         // [z, y, x, c, dz, dy, dx] -> [c, z, dz, y, dy, x, dx].
-        let yu = yu
-            .to_dtype(fd)?
-            .reshape(vec![7, h1, w1, 5, 2, 4, 4])?
-            .permute(vec![3, 0, 4, 1, 5, 2, 6])?
-            .reshape((5, 14, hp, w))?
-            .narrow(1, 0, 13)?
-            .narrow(2, top, h)?;
-        let yu = yu
-            .broadcast_mul(&self.upper_std)?
-            .broadcast_add(&self.upper_mean)?
-            .contiguous()?;
+        let yu = {
+            let wide = yu.to_dtype(fd)?;
+            drop(yu);
+            let t = wide
+                .reshape(vec![7, h1, w1, 5, 2, 4, 4])?
+                .permute(vec![3, 0, 4, 1, 5, 2, 6])?
+                .reshape((5, 14, hp, w))?;
+            drop(wide);
+            let scaled = t
+                .narrow(1, 0, 13)?
+                .narrow(2, top, h)?
+                .broadcast_mul(&self.upper_std)?;
+            drop(t);
+            scaled.broadcast_add(&self.upper_mean)?.contiguous()?
+        };
         let ys = ys
             .broadcast_mul(&self.surface_std)?
             .broadcast_add(&self.surface_mean)?
@@ -384,8 +404,8 @@ impl Pangu {
     pub fn forward(&self, upper: &Tensor, surface: &Tensor) -> Result<(Tensor, Tensor)> {
         self.check_fields(upper, surface)?;
         let x = self.embed(upper, surface)?;
-        let skip = self.trunk.forward(&x, &self.wf)?;
-        self.recover(&skip)
+        let skip = self.trunk.forward(x, &self.wf)?;
+        self.recover(skip)
     }
 }
 

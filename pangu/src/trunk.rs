@@ -138,12 +138,16 @@ impl Trunk {
 
     /// First-scale tokens `[8 h1 w1, C]` -> `[8 h1 w1, 2 C]`. `wf` is the
     /// wavefuse build's ops (and the step timer of both builds).
-    pub fn forward(&self, x: &Tensor, wf: &WavefuseOps) -> Result<Tensor> {
-        let x0 = self.layer(0, x.clone(), wf)?;
+    /// Takes `x` by value: it is freed as soon as the first block has
+    /// read it.
+    pub fn forward(&self, x: Tensor, wf: &WavefuseOps) -> Result<Tensor> {
+        let x0 = self.layer(0, x, wf)?;
         let x = self.down.forward(&x0, wf)?;
         let x = self.layer(1, x, wf)?;
-        let x = self.layer(2, x, wf)?;
-        let x = self.up.forward(&x, wf)?;
+        let x = {
+            let y = self.layer(2, x, wf)?;
+            self.up.forward(&y, wf)?
+        };
         let x3 = self.layer(3, x, wf)?;
         let skip = if self.opts.faults.swap_skip {
             Tensor::cat(&[&x3, &x0], 1)?
@@ -168,9 +172,15 @@ impl Trunk {
         let w = &b.w;
         match self.order {
             BlockOrder::Post => {
-                let h = ops.partition(x, win)?;
-                let a = self.attention(ops, &h, b, win)?;
-                let x = ops.unpartition_norm_add(x, &a, &w.norm1, win)?;
+                // The windows and the attention output are freed before the
+                // MLP half runs.
+                let x = {
+                    let a = {
+                        let h = ops.partition(x, win)?;
+                        self.attention(ops, &h, b, win)?
+                    };
+                    ops.unpartition_norm_add(x, &a, &w.norm1, win)?
+                };
                 Ok(ops.mlp_norm_add(&x, w)?)
             }
             BlockOrder::Pre => {
@@ -190,11 +200,14 @@ impl Trunk {
         b: &Block,
         win: &Windowing,
     ) -> Result<Tensor> {
-        let (qkv, bias) = ops.qkv(h, &b.w)?;
-        ops.mark("qkv_gemm")?;
-        // Expanded for this attention only (see `EarthBias`).
-        let earth = b.w.earth_bias.expanded()?;
-        let o = ops.attention(&qkv, bias, &earth, b.heads, win)?;
+        // q, k, v and the expanded bias are freed before the projection.
+        let o = {
+            let (qkv, bias) = ops.qkv(h, &b.w)?;
+            ops.mark("qkv_gemm")?;
+            // Expanded for this attention only (see `EarthBias`).
+            let earth = b.w.earth_bias.expanded()?;
+            ops.attention(&qkv, bias, &earth, b.heads, win)?
+        };
         Ok(ops.proj(&o, &b.w, win)?)
     }
 

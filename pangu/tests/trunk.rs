@@ -51,7 +51,7 @@ fn run(w: &Weights, g: &Geometry, x: &[f64], opts: Options) -> Vec<f64> {
         .unwrap()
         .to_dtype(opts.dtype)
         .unwrap();
-    let y = trunk.forward(&xt, &WavefuseOps::new()).unwrap();
+    let y = trunk.forward(xt.clone(), &WavefuseOps::new()).unwrap();
     assert_eq!(y.dims(), &[g.n1(), 384]);
     f64s(&y)
 }
