@@ -790,6 +790,7 @@ fn bench(
     let (device, build, dtype) = pick_device(run)?;
     let w = Weights::read(wfile, &g)?;
     let m = Pangu::load(&w, g, &device, opts(run, build, dtype))?;
+    let interval = w.meta.interval_hours.unwrap_or(24);
     drop(w);
     let fd = m.field_dtype();
     let (u, s) = (upload(&fu, &device, fd)?, upload(&fs, &device, fd)?);
@@ -826,7 +827,7 @@ fn bench(
     if let (Some(dir), Some((yu, ys))) = (write_dir, last.as_ref()) {
         std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
         device.synchronize()?;
-        let (c, w) = forecast::copy_and_write(dir, w_interval(wfile, &g), yu, ys)?;
+        let (c, w) = forecast::copy_and_write(dir, interval, yu, ys)?;
         copy_write = Some((c * 1e3, w * 1e3));
     }
     let write_ms = copy_write.map(|(c, w)| c + w);
@@ -887,11 +888,4 @@ fn opts(run: &Run, build: Build, dtype: DType) -> Options {
         mlp_chunks: run.mlp_chunks.max(1),
         ..Options::new(build, dtype)
     }
-}
-
-fn w_interval(wfile: &Path, g: &Geometry) -> u32 {
-    Weights::read(wfile, g)
-        .ok()
-        .and_then(|w| w.meta.interval_hours)
-        .unwrap_or(24)
 }

@@ -275,33 +275,39 @@ impl Pangu {
             // The wavefuse build: each patch layout (zero padding of levels
             // and latitudes, the patch features' order, the constants) and
             // the conversion to f16 is one gather of four-float rows.
-            let rows = |parts: &[&Tensor]| -> Result<Tensor> {
-                let flat: Vec<Tensor> = parts
-                    .iter()
-                    .map(|t| t.flatten_all())
-                    .collect::<candle_core::Result<_>>()?;
-                let n = flat.iter().map(|t| t.elem_count()).sum::<usize>();
-                Ok(Tensor::cat(&flat, 0)?.reshape((n / 4, 4))?)
-            };
             // Each f32 temporary (normalised fields, gather source) is
             // freed before the next is made: only the f16 patch features
             // reach the embedding GEMMs.
-            let u = {
-                let n = upper
-                    .broadcast_sub(&self.upper_mean)?
-                    .broadcast_div(&self.upper_std)?;
-                let src = rows(&[&n, &self.upper_constants])?;
+            let patches = |field: &Tensor,
+                           mean: &Tensor,
+                           std: &Tensor,
+                           constants: &Tensor,
+                           plan: &Plan,
+                           shape: (usize, usize)|
+             -> Result<Tensor> {
+                let n = field.broadcast_sub(mean)?.broadcast_div(std)?;
+                let src = Tensor::cat(&[n.flatten_all()?, constants.flatten_all()?], 0)?;
                 drop(n);
-                wavefuse_candle::gather_to_f16(&src, pu)?.reshape((7 * h1 * w1, 192))?
+                let rows = src.elem_count() / 4;
+                let src = src.reshape((rows, 4))?;
+                Ok(wavefuse_candle::gather_to_f16(&src, plan)?.reshape(shape)?)
             };
-            let s = {
-                let n = surface
-                    .broadcast_sub(&self.surface_mean)?
-                    .broadcast_div(&self.surface_std)?;
-                let src = rows(&[&n, &self.surface_constants])?;
-                drop(n);
-                wavefuse_candle::gather_to_f16(&src, ps)?.reshape((h1 * w1, 112))?
-            };
+            let u = patches(
+                upper,
+                &self.upper_mean,
+                &self.upper_std,
+                &self.upper_constants,
+                pu,
+                (7 * h1 * w1, 192),
+            )?;
+            let s = patches(
+                surface,
+                &self.surface_mean,
+                &self.surface_std,
+                &self.surface_constants,
+                ps,
+                (h1 * w1, 112),
+            )?;
             self.mark("embed_layout")?;
             return self.embed_tokens(&u, &s);
         }
