@@ -221,6 +221,13 @@ def model_section(name, recs):
         for k, v in sorted(bd.items(), key=lambda kv: -kv[1]):
             out.append(f"| {k} | {v:.2f} | {100 * v / total:.0f}% |")
         out.append("")
+        per = ours.get("steps_ms")
+        if per:
+            out += ["The same step by probe point (every launch between two marks; summed over the step):", "",
+                    "| point | ms | times |", "|---|---:|---:|"]
+            for k, v in sorted(per.items(), key=lambda kv: -kv[1]["ms"]):
+                out.append(f"| {k} | {v['ms']:.2f} | {v['count']} |")
+            out.append("")
     if gate is not None:
         out += ["Regression, per channel (errors against PyTorch's f32 output of the same weights and input):", "",
                 "| lead | channel | wavefuse max abs | PyTorch f16 max abs | wavefuse RMS | PyTorch f16 RMS | |",
@@ -494,6 +501,7 @@ def record_model(args):
                       "peak_allocated_bytes": r["peak_used_bytes"],
                       "peak_reserved_bytes": r["peak_reserved_bytes"],
                       "breakdown_ms": r["breakdown_ms"], "d2h_write_ms": r["d2h_write_ms"],
+                      "steps_ms": r.get("steps_ms"),
                       "d2h_ms": r.get("d2h_ms"), "write_ms": r.get("write_ms")})
     for fn in ("torch.json", "autotune.json"):
         if not os.path.exists(os.path.join(d, fn)):

@@ -767,6 +767,7 @@ fn category(step: &str) -> &'static str {
         | "norm_partition"
         | "add_norm_partition"
         | "unpartition_add_norm"
+        | "unpartition_norm"
         | "merge"
         | "merge_norm"
         | "split_norm" => "norms_gathers",
@@ -816,11 +817,15 @@ fn bench(
     let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
     // One probed step: device time per kind of work.
     let mut by_cat: BTreeMap<&'static str, f64> = BTreeMap::new();
+    let mut by_step: BTreeMap<&'static str, (f64, usize)> = BTreeMap::new();
     if build == Build::Wavefuse {
         m.probe().start(&device)?;
         m.forward(&u, &s)?;
         for (step, us) in m.probe().finish()? {
             *by_cat.entry(category(step)).or_default() += us / 1e3;
+            let e = by_step.entry(step).or_default();
+            e.0 += us / 1e3;
+            e.1 += 1;
         }
     }
     let mut copy_write = None;
@@ -859,9 +864,13 @@ fn bench(
             .iter()
             .map(|(c, ms)| format!("\"{c}\":{ms}"))
             .collect();
+        let per_step: Vec<String> = by_step
+            .iter()
+            .map(|(st, (ms, n))| format!("\"{st}\":{{\"ms\":{ms},\"count\":{n}}}"))
+            .collect();
         let raw: Vec<String> = samples.iter().map(|v| format!("{v}")).collect();
         let rec = format!(
-            "{{\"kind\":\"pangu_step\",\"build\":\"{}\",\"dtype\":\"{:?}\",\"lat\":{},\"lon\":{},\"order\":\"{}\",\"mlp_chunks\":{},\"warmup\":{warmup},\"steps\":{steps},\"median_ms\":{median},\"samples_ms\":[{}],\"peak_used_bytes\":{},\"peak_reserved_bytes\":{},\"device_used_before_bytes\":{},\"breakdown_ms\":{{{}}},\"d2h_write_ms\":{},\"d2h_ms\":{},\"write_ms\":{}}}\n",
+            "{{\"kind\":\"pangu_step\",\"build\":\"{}\",\"dtype\":\"{:?}\",\"lat\":{},\"lon\":{},\"order\":\"{}\",\"mlp_chunks\":{},\"warmup\":{warmup},\"steps\":{steps},\"median_ms\":{median},\"samples_ms\":[{}],\"peak_used_bytes\":{},\"peak_reserved_bytes\":{},\"device_used_before_bytes\":{},\"breakdown_ms\":{{{}}},\"steps_ms\":{{{}}},\"d2h_write_ms\":{},\"d2h_ms\":{},\"write_ms\":{}}}\n",
             build.name(),
             dtype,
             g.lat,
@@ -873,6 +882,7 @@ fn bench(
             peak.map_or(0, |p| p.reserved),
             base.map_or(0, |b| b.0),
             cats.join(","),
+            per_step.join(","),
             write_ms.map_or("null".to_string(), |v| v.to_string()),
             copy_write.map_or("null".to_string(), |v| v.0.to_string()),
             copy_write.map_or("null".to_string(), |v| v.1.to_string())
