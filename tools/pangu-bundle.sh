@@ -20,6 +20,9 @@
 #   torch     PyTorch peers: eager f16 and torch.compile default
 #   autotune  torch.compile max-autotune (TORCH_AUTOTUNE_TIMEOUT seconds
 #             for its compile, default 420)
+#   fit       the smallest card: for each FIT_GIB size (default 6 5 4 3.5
+#             3), a second process holds all but that much of the device
+#             memory and `pangu bench` runs 1 + 3 steps in what is left
 # Default: gen,ref,rust,check,rollout,torch. GRID: full (721 x 1440,
 # default) or LATxLON. Each phase writes OUTDIR/<phase>.txt and, where it
 # measures, OUTDIR/<phase>.json; run.sh packs OUTDIR's logs into
@@ -132,6 +135,35 @@ if has autotune; then
   PYTHONUNBUFFERED=1 step autotune "$py" "$ref" bench --weights "$w" --lat "$lat" --lon "$lon" --seed 1 \
     --device "$device" --modes max-autotune --warmup 5 --steps "${STEPS:-30}" \
     --json "$out/autotune.json" --compile-timeout "${TORCH_AUTOTUNE_TIMEOUT:-420}"
+fi
+if has fit; then
+  # What a card with only FREE GiB available gives the model: a ballast
+  # process (torch) allocates all the device memory but FREE GiB and
+  # holds it while `pangu bench` opens its context, loads the weights and
+  # runs. free_bytes is what the card had left for it, as the driver says.
+  for gib in ${FIT_GIB:-6 5 4 3.5 3}; do
+    ready="$data/ballast-$gib.ready"; rm -f "$ready"
+    "$py" - "$gib" "$ready" > "$out/ballast-$gib.txt" 2>&1 <<'PY' &
+import sys, time, torch
+keep = int(float(sys.argv[1]) * 2**30)
+free, _ = torch.cuda.mem_get_info()
+ballast = torch.empty(max(free - keep, 0), dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+with open(sys.argv[2], "w") as f:
+    f.write(str(torch.cuda.mem_get_info()[0]))
+time.sleep(900)
+PY
+    bp=$!
+    for _ in $(seq 240); do [ -s "$ready" ] && break; sleep 0.5; done
+    left=$(cat "$ready" 2>/dev/null || echo 0)
+    t0=$SECONDS
+    "$bin" bench --weights "$w" --upper "$data/input_upper.npy" --surface "$data/input_surface.npy" \
+      --device "$device" --warmup 1 --steps 3 --json "$out/fit-$gib.json" > "$out/fit-$gib.txt" 2>&1
+    rc=$?
+    kill "$bp" 2>/dev/null; wait "$bp" 2>/dev/null
+    echo "{\"free_gib\": $gib, \"free_bytes\": $left, \"rc\": $rc, \"seconds\": $((SECONDS - t0))}" >> "$out/fit.jsonl"
+    echo "fit: $gib GiB asked, $left bytes free: rc $rc" | tee -a "$out/status.txt"
+  done
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 # Pack the logs and records (not the weights and fields).
