@@ -166,43 +166,46 @@ impl Trunk {
         }
     }
 
-    fn block(&self, layer: &Layer, b: &Block, x: &Tensor, wf: &WavefuseOps) -> Result<Tensor> {
+    /// Takes the residual `x` by value: a post-norm block frees it once
+    /// the attention half's sum is made, before the MLP half runs.
+    fn block(&self, layer: &Layer, b: &Block, x: Tensor, wf: &WavefuseOps) -> Result<Tensor> {
         let win = &self.windowings[layer.scale][usize::from(b.shifted)];
         let ops = self.ops(layer.dim, wf);
         let w = &b.w;
         match self.order {
             BlockOrder::Post => {
-                // The windows and the attention output are freed before the
-                // MLP half runs.
-                let x = {
-                    let a = {
-                        let h = ops.partition(x, win)?;
-                        self.attention(ops, &h, b, win)?
-                    };
-                    ops.unpartition_norm_add(x, &a, &w.norm1, win)?
+                // The windows, the attention output and the block's input
+                // are freed before the MLP half runs.
+                let y = {
+                    let a = self.attention(ops, ops.partition(&x, win)?, b, win)?;
+                    ops.unpartition_norm_add(&x, &a, &w.norm1, win)?
                 };
-                Ok(ops.mlp_norm_add(&x, w)?)
+                drop(x);
+                Ok(ops.mlp_norm_add(&y, w)?)
             }
             BlockOrder::Pre => {
-                let h = ops.norm_partition(x, &w.norm1, win)?;
-                let a = self.attention(ops, &h, b, win)?;
-                let (x, h) = ops.unpartition_add_norm(x, &a, &w.norm2, win)?;
+                let h = ops.norm_partition(&x, &w.norm1, win)?;
+                let a = self.attention(ops, h, b, win)?;
+                let (x, h) = ops.unpartition_add_norm(&x, &a, &w.norm2, win)?;
                 let m = ops.mlp(&h, w)?;
                 Ok(ops.add(&x, &m)?)
             }
         }
     }
 
+    /// Takes the windows `h` by value: they are freed once the QKV GEMM
+    /// has read them.
     fn attention(
         &self,
         ops: &dyn StageOps,
-        h: &Tensor,
+        h: Tensor,
         b: &Block,
         win: &Windowing,
     ) -> Result<Tensor> {
         // q, k, v and the expanded bias are freed before the projection.
         let o = {
-            let (qkv, bias) = ops.qkv(h, &b.w)?;
+            let (qkv, bias) = ops.qkv(&h, &b.w)?;
+            drop(h);
             ops.mark("qkv_gemm")?;
             // Expanded for this attention only (see `EarthBias`).
             let earth = b.w.earth_bias.expanded()?;
@@ -215,7 +218,7 @@ impl Trunk {
         let layer = &self.layers[l];
         let mut x = x;
         for b in &layer.blocks {
-            x = self.block(layer, b, &x, wf)?;
+            x = self.block(layer, b, x, wf)?;
         }
         Ok(x)
     }
