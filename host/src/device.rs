@@ -5,8 +5,8 @@ use crate::info::{BackendKind, DeviceInfo, Wave};
 use crate::registry::Kernel;
 use crate::{Error, Result};
 use std::ffi::c_void;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Which device to open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +97,65 @@ impl Drop for Foreign {
     }
 }
 
+/// Most events one device keeps for reuse.
+const POOL_EVENTS: usize = 256;
+
+/// Driver events that nothing holds any more, kept for the next
+/// [`Event`] of the same device: each launch on a caller's stream records
+/// one, and a driver event created and destroyed per launch would cost two
+/// driver calls more per launch. Re-recording an event overwrites the
+/// state it captured; waits already queued on it keep what they captured
+/// (the documented semantics of `cuEventRecord` / `cuStreamWaitEvent` and
+/// of their HIP twins), and an event comes back here only when its last
+/// holder drops it. At most [`POOL_EVENTS`] are kept; the rest are
+/// destroyed, and the pool's drop destroys what it holds.
+struct EventPool {
+    be: Arc<dyn Backend>,
+    free: Mutex<Vec<RawEvent>>,
+}
+
+impl EventPool {
+    fn new(be: Arc<dyn Backend>) -> EventPool {
+        EventPool {
+            be,
+            free: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<RawEvent>> {
+        // A panic elsewhere while holding the lock leaves a valid list.
+        self.free.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take(&self) -> Result<RawEvent> {
+        match self.lock().pop() {
+            Some(e) => Ok(e),
+            None => self.be.event_create(),
+        }
+    }
+
+    fn give(&self, e: RawEvent) {
+        let mut free = self.lock();
+        if free.len() < POOL_EVENTS {
+            free.push(e);
+        } else {
+            drop(free);
+            // SAFETY: a live event of this backend that nothing holds.
+            unsafe { self.be.event_destroy(e) }
+        }
+    }
+}
+
+impl Drop for EventPool {
+    fn drop(&mut self) {
+        for e in self.lock().drain(..) {
+            // SAFETY: live events of this backend that nothing holds,
+            // destroyed once.
+            unsafe { self.be.event_destroy(e) }
+        }
+    }
+}
+
 impl Device {
     /// Opens a device and loads the code object that matches it.
     pub fn open(choice: Choice) -> Result<Device> {
@@ -111,6 +170,7 @@ impl Device {
             dev: id,
             foreign: false,
             work: Arc::new(Foreign::default()),
+            pool: Arc::new(EventPool::new(be.clone())),
         };
         Device { be, id, own }
     }
@@ -149,6 +209,7 @@ impl Device {
             raw,
             foreign: raw != self.own.raw,
             work: self.own.work.clone(),
+            pool: self.own.pool.clone(),
         })
     }
 
@@ -204,6 +265,7 @@ pub struct Stream {
     raw: RawStream,
     foreign: bool,
     work: Arc<Foreign>,
+    pool: Arc<EventPool>,
 }
 
 impl std::fmt::Debug for Stream {
@@ -335,14 +397,17 @@ pub struct Event {
     be: Arc<dyn Backend>,
     dev: u64,
     raw: RawEvent,
+    pool: Arc<EventPool>,
 }
 
 impl Event {
+    /// An event of `s`'s device: one its pool kept, or a new one.
     fn new(s: &Stream) -> Result<Event> {
         Ok(Event {
-            raw: s.be.event_create()?,
+            raw: s.pool.take()?,
             be: s.be.clone(),
             dev: s.dev,
+            pool: s.pool.clone(),
         })
     }
 
@@ -376,8 +441,9 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        // SAFETY: created by `Event::new`, destroyed once.
-        unsafe { self.be.event_destroy(self.raw) }
+        // Nothing holds it any more: its device's pool keeps it for reuse
+        // or destroys it.
+        self.pool.give(self.raw);
     }
 }
 
@@ -607,6 +673,36 @@ mod tests {
         assert_eq!(t.len(), 1);
         drop((s, dev, t));
         assert_eq!(lost.load(Ordering::SeqCst), 0);
+    }
+
+    /// A launch on a caller's stream records an event; once its work is
+    /// seen done and nothing holds it, the next launch records the same
+    /// driver event again instead of creating one. Every event is
+    /// destroyed by the time the device is gone.
+    #[test]
+    fn launches_on_a_callers_stream_reuse_finished_events() {
+        let (dev, lost, st) = Model::device(true);
+        // SAFETY: the model accepts any handle.
+        let s = unsafe { dev.wrap_stream(0x10 as *mut c_void) }.unwrap();
+        let t = Tracker::default();
+        for _ in 0..1000 {
+            launch(&s, &[Some((&t, Access::Read))]);
+        }
+        {
+            let m = st.lock().unwrap();
+            assert_eq!(m.records.len(), 1000, "a launch recorded no event");
+            assert!(
+                m.next_event <= 4,
+                "{} driver events created for 1000 launches",
+                m.next_event
+            );
+        }
+        drop((s, dev, t));
+        assert_eq!(lost.load(Ordering::SeqCst), 0);
+        assert!(
+            st.lock().unwrap().events.is_empty(),
+            "events left undestroyed after the device's last handle"
+        );
     }
 
     /// Two threads on the per-thread default stream share its handle but
