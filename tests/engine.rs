@@ -571,6 +571,18 @@ fn cuda_rejects_foreign_pointers_and_streams() {
             matches!(&e, Error::ForeignStream { why } if why.contains("primary context")),
             "{e}"
         );
+        // Memory of that context: the primary context need not map it.
+        let theirs = os.alloc_zeros::<u16>(1000).expect("alloc in the other context");
+        let (tp, sync) = theirs.device_ptr(&os);
+        let ctx_why = why(View::<f16>::from_raw(&dev, tp, 1000)
+            .map(|_| ())
+            .unwrap_err());
+        assert!(
+            ctx_why.contains("primary context") && ctx_why.contains("memory of context"),
+            "{ctx_why}"
+        );
+        drop(sync);
+        drop(theirs);
         drop(os);
         drop(other);
         // The legacy default stream of the primary context is accepted.

@@ -183,8 +183,13 @@ impl Cuda {
         })
     }
 
-    fn pointer_attrs(&self, addr: u64) -> Result<PtrAttrs> {
+    /// The driver's attributes of `addr`, and the context its allocation
+    /// belongs to (null for memory no context owns, such as the virtual
+    /// memory management API's mappings, which PyTorch's expandable
+    /// segments use).
+    fn pointer_attrs(&self, addr: u64) -> Result<(PtrAttrs, sys::CUcontext)> {
         let mut memory_type: u32 = 0;
+        let mut context: sys::CUcontext = ptr::null_mut();
         let mut ordinal: i32 = -1;
         let mut start: sys::CUdeviceptr = 0;
         let mut size: usize = 0;
@@ -193,15 +198,18 @@ impl Cuda {
             sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
             sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
             sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
         ];
-        let mut data: [*mut c_void; 4] = [
+        let mut data: [*mut c_void; 5] = [
             (&mut memory_type as *mut u32).cast(),
             (&mut ordinal as *mut i32).cast(),
             (&mut start as *mut sys::CUdeviceptr).cast(),
             (&mut size as *mut usize).cast(),
+            (&mut context as *mut sys::CUcontext).cast(),
         ];
         // SAFETY: each data pointer is writable for its attribute's type
-        // (CUmemorytype = unsigned int, int, CUdeviceptr, size_t). For a
+        // (CUmemorytype = unsigned int, int, CUdeviceptr, size_t,
+        // CUcontext). For a
         // pointer the driver does not know, it succeeds and leaves the
         // defaults (memory type 0).
         unsafe {
@@ -214,12 +222,13 @@ impl Cuda {
         }
         .result()
         .map_err(err("cuPointerGetAttributes"))?;
-        Ok(PtrAttrs {
+        let a = PtrAttrs {
             device_memory: memory_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32,
             ordinal: i64::from(ordinal),
             start,
             size: size as u64,
-        })
+        };
+        Ok((a, context))
     }
 }
 
@@ -381,8 +390,18 @@ impl Backend for Cuda {
     }
 
     fn check_span(&self, addr: u64, bytes: usize) -> std::result::Result<(), String> {
-        let a = self.pointer_attrs(addr).map_err(|e| e.to_string())?;
-        span_in_allocation(&a, self.info.ordinal, addr, bytes)
+        let (a, context) = self.pointer_attrs(addr).map_err(|e| e.to_string())?;
+        span_in_allocation(&a, self.info.ordinal, addr, bytes)?;
+        // An allocation of another context of the same device is mapped in
+        // that context, not necessarily in the primary context wavefuse
+        // launches in. Context-free memory (null) is mapped in all.
+        if !context.is_null() && context != self.ctx {
+            return Err(format!(
+                "memory of context {context:p}, not of device {}'s primary context {:p}",
+                self.info.ordinal, self.ctx
+            ));
+        }
+        Ok(())
     }
 
     fn mem_info(&self) -> Result<(usize, usize)> {
