@@ -572,7 +572,9 @@ fn cuda_rejects_foreign_pointers_and_streams() {
             "{e}"
         );
         // Memory of that context: the primary context need not map it.
-        let theirs = os.alloc_zeros::<u16>(1000).expect("alloc in the other context");
+        let theirs = os
+            .alloc_zeros::<u16>(1000)
+            .expect("alloc in the other context");
         let (tp, sync) = theirs.device_ptr(&os);
         let ctx_why = why(View::<f16>::from_raw(&dev, tp, 1000)
             .map(|_| ())
