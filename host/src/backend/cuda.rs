@@ -412,6 +412,11 @@ impl Backend for Cuda {
 
 impl Drop for Cuda {
     fn drop(&mut self) {
+        // `bind` fails only when the driver is shut down or deinitialised
+        // (process exit) or the context is no longer valid (an engine reset
+        // the primary context). Either way the context's streams and
+        // modules are already gone with it: nothing is left to destroy, and
+        // calling the driver on their stale handles could hit a reused one.
         if let Ok(_bound) = self.bind() {
             // SAFETY: handles created in `open`, released once; null ones
             // (open failed before creating them) are skipped.

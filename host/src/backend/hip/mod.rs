@@ -403,6 +403,10 @@ impl Backend for Hip {
 
 impl Drop for Hip {
     fn drop(&mut self) {
+        // `bind` (hipGetDevice / hipSetDevice of the ordinal `open`
+        // checked) fails only once the runtime is shutting down at process
+        // exit, when it releases the device's streams and modules itself;
+        // calling it on their stale handles could hit a reused one.
         if let Ok(_bound) = self.bind() {
             // SAFETY: handles created in `open`, released once; a null stream
             // (open failed before creating it) is skipped.
