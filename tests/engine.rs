@@ -571,20 +571,27 @@ fn cuda_rejects_foreign_pointers_and_streams() {
             matches!(&e, Error::ForeignStream { why } if why.contains("primary context")),
             "{e}"
         );
-        // Memory of that context: the primary context need not map it.
-        let theirs = os
-            .alloc_zeros::<u16>(1000)
-            .expect("alloc in the other context");
-        let (tp, sync) = theirs.device_ptr(&os);
-        let ctx_why = why(View::<f16>::from_raw(&dev, tp, 1000)
-            .map(|_| ())
-            .unwrap_err());
+        // A stream-ordered allocation made on that stream (cudarc's
+        // alloc_zeros uses cuMemAllocAsync where the device has memory
+        // pools) comes from the device's memory pool, not from that
+        // context: accepted.
+        let pooled = os.alloc_zeros::<u16>(1000).expect("pool allocation");
+        let (pp, sync) = pooled.device_ptr(&os);
+        assert!(View::<f16>::from_raw(&dev, pp, 1000).is_ok());
+        drop(sync);
+        drop(pooled);
+        // cuMemAlloc in that context: memory of that context, which the
+        // primary context wavefuse launches in need not map.
+        other.bind_to_thread().expect("bind the other context");
+        let theirs = cudarc::driver::result::malloc_sync(2000).expect("cuMemAlloc there");
+        let refused = View::<f16>::from_raw(&dev, theirs, 1000).map(|_| ());
+        other.bind_to_thread().expect("bind the other context");
+        cudarc::driver::result::free_sync(theirs).expect("cuMemFree");
+        let ctx_why = why(refused.unwrap_err());
         assert!(
             ctx_why.contains("primary context") && ctx_why.contains("memory of context"),
             "{ctx_why}"
         );
-        drop(sync);
-        drop(theirs);
         drop(os);
         drop(other);
         // The legacy default stream of the primary context is accepted.
