@@ -530,7 +530,10 @@ def record_model(args):
     metas = sorted(fn for fn in os.listdir(d) if fn.startswith("meta-") and fn.endswith(".txt"))
     if not metas:
         raise RecordError(f"{d}: no meta-*.txt")
-    ms = [parse_meta(open(os.path.join(d, fn)).read()) for fn in metas]
+    ms = []
+    for fn in metas:
+        with open(os.path.join(d, fn)) as f:
+            ms.append(parse_meta(f.read()))
     for key in ("commit", "dirty", "command", "date", "driver", "gpu"):
         if not all(m.get(key) for m in ms):
             raise RecordError(f"{d}: a meta-*.txt has no '{key}:' line")
@@ -606,7 +609,9 @@ def record_model(args):
                       "bound_ms": max(rust["median_ms"], rust["d2h_write_ms"]),
                       "peak_allocated_bytes": r["peak_used_bytes"]})
     if os.path.exists(os.path.join(d, "fit.jsonl")):
-        for n, line in enumerate(open(os.path.join(d, "fit.jsonl")), 1):
+        with open(os.path.join(d, "fit.jsonl")) as fh:
+            fit_lines = fh.readlines()
+        for n, line in enumerate(fit_lines, 1):
             f = json.loads(line)
             if not f.get("free_bytes"):
                 raise RecordError(f"{d}/fit.jsonl:{n}: the ballast never reported the free memory")
