@@ -258,8 +258,8 @@ def model_fit(recs):
     tried = ", ".join(f"{r['free_bytes'] / 2**30:.2f} GiB {'ran' if r['ran'] else 'failed'}" for r in fits)
     head = (f"Smallest card: with {ran[0]['free_bytes'] / 2**30:.2f} GiB of device memory free the model ran"
             if ran else "Smallest card: the model ran with none of the sizes tried")
-    low = [r for r in failed if not ran or r["free_bytes"] < ran[0]["free_bytes"]]
-    tail = f", and with {low[-1]['free_bytes'] / 2**30:.2f} GiB it did not" if low and ran else ""
+    low = [r for r in failed if ran and r["free_bytes"] < ran[0]["free_bytes"]]
+    tail = f", and with {low[-1]['free_bytes'] / 2**30:.2f} GiB it did not" if low else ""
     return [f"{head}{tail} (a second process held the rest of the card; tried: {tried})."]
 
 

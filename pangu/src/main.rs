@@ -815,18 +815,21 @@ fn bench(
     let mut sorted = samples.clone();
     sorted.sort_by(f64::total_cmp);
     let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
-    // One probed step: device time per kind of work.
-    let mut by_cat: BTreeMap<&'static str, f64> = BTreeMap::new();
+    // One probed step: device time and launches per probe point, and
+    // per kind of work.
     let mut by_step: BTreeMap<&'static str, (f64, usize)> = BTreeMap::new();
     if build == Build::Wavefuse {
         m.probe().start(&device)?;
         m.forward(&u, &s)?;
         for (step, us) in m.probe().finish()? {
-            *by_cat.entry(category(step)).or_default() += us / 1e3;
             let e = by_step.entry(step).or_default();
             e.0 += us / 1e3;
             e.1 += 1;
         }
+    }
+    let mut by_cat: BTreeMap<&'static str, f64> = BTreeMap::new();
+    for (step, (ms, _)) in &by_step {
+        *by_cat.entry(category(step)).or_default() += ms;
     }
     let mut copy_write = None;
     if let (Some(dir), Some((yu, ys))) = (write_dir, last.as_ref()) {

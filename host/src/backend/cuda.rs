@@ -184,9 +184,7 @@ impl Cuda {
     }
 
     /// The driver's attributes of `addr`, and the context its allocation
-    /// belongs to (null for memory no context owns, such as the virtual
-    /// memory management API's mappings, which PyTorch's expandable
-    /// segments use).
+    /// belongs to (null for memory no context owns).
     fn pointer_attrs(&self, addr: u64) -> Result<(PtrAttrs, sys::CUcontext)> {
         let mut memory_type: u32 = 0;
         let mut context: sys::CUcontext = ptr::null_mut();
@@ -209,9 +207,8 @@ impl Cuda {
         ];
         // SAFETY: each data pointer is writable for its attribute's type
         // (CUmemorytype = unsigned int, int, CUdeviceptr, size_t,
-        // CUcontext). For a
-        // pointer the driver does not know, it succeeds and leaves the
-        // defaults (memory type 0).
+        // CUcontext). For a pointer the driver does not know, it succeeds
+        // and leaves the defaults (memory type 0).
         unsafe {
             sys::cuPointerGetAttributes(
                 attrs.len() as u32,
