@@ -109,8 +109,9 @@ if has sanitize; then
       # Each binary under each tool gets at most WAVEFUSE_SANITIZE_TIMEOUT
       # seconds (default 300): under memcheck the engine tests' kernels run
       # two orders of magnitude slower, and one binary must not use up a
-      # device call unreported.
-      WAVEFUSE_TEST_GPU_ONLY=1 WAVEFUSE_REQUIRE=cuda WAVEFUSE_BACKENDS_LOG="$log" timeout "${WAVEFUSE_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=4 > "$out/san-$tool-$n.log" 2>&1
+      # device call unreported. WAVEFUSE_SANITIZING=1 cuts the engine
+      # tests' queued work by as much (tests/engine.rs `queued`).
+      WAVEFUSE_SANITIZING=1 WAVEFUSE_TEST_GPU_ONLY=1 WAVEFUSE_REQUIRE=cuda WAVEFUSE_BACKENDS_LOG="$log" timeout "${WAVEFUSE_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=4 > "$out/san-$tool-$n.log" 2>&1
       rc=$?
       [ $rc -eq 124 ] && echo "timed out after ${WAVEFUSE_SANITIZE_TIMEOUT:-300} s: NOT checked" >> "$out/san-$tool-$n.log"
       echo "$tool $n: rc=$rc$([ $rc -eq 124 ] && echo ' (timed out: not checked)') $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/san-$tool-$n.log" | tr '\n' ' ') [$(backends_of "$n" "$log")]" | tee -a "$out/sanitizer.txt"
