@@ -96,6 +96,7 @@ if has sanitize; then
     echo "  initcheck: reads of device global memory that was never written."
     echo "  synccheck: invalid use of synchronization primitives (barriers, warp sync): window_attention's warp barriers and cp.async waits; the other kernels' lane exchanges are shfl.sync over the full warp."
     echo "  tools run: ${WAVEFUSE_SANITIZE_TOOLS:-memcheck,racecheck,initcheck,synccheck}; binaries: ${WAVEFUSE_SANITIZE_ONLY:-every GPU test binary}"; } | tee -a "$out/sanitizer.txt"
+  san_t0=$SECONDS
   for tool in ${WAVEFUSE_SANITIZE_TOOLS//,/ }; do
     for t in "$here"/bin/test-*; do
       n=$(basename "$t"); case "$n" in test-amd_static|test-emu|test-mma|test-gather_guard|test-golden_mode|test-wavefuse-suite|test-*-lib|test-hip*) continue;; esac  # no GPU work in these (emulator / oracle tests; golden_mode drives the harness on the CPU backend)
@@ -106,15 +107,32 @@ if has sanitize; then
       # kernels use no shared memory, so racecheck has nothing to inspect there.
       [ "$tool" = racecheck ] && [ "$n" = test-threads ] && continue
       log="$out/san-backends-$tool.txt"
-      # Each binary under each tool gets at most WAVEFUSE_SANITIZE_TIMEOUT
-      # seconds (default 300): under memcheck the engine tests' kernels run
-      # two orders of magnitude slower, and one binary must not use up a
-      # device call unreported. WAVEFUSE_SANITIZING=1 cuts the engine
-      # tests' queued work by as much (tests/engine.rs `queued`).
-      WAVEFUSE_SANITIZING=1 WAVEFUSE_TEST_GPU_ONLY=1 WAVEFUSE_REQUIRE=cuda WAVEFUSE_BACKENDS_LOG="$log" timeout "${WAVEFUSE_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=4 > "$out/san-$tool-$n.log" 2>&1
-      rc=$?
-      [ $rc -eq 124 ] && echo "timed out after ${WAVEFUSE_SANITIZE_TIMEOUT:-300} s: NOT checked" >> "$out/san-$tool-$n.log"
-      echo "$tool $n: rc=$rc$([ $rc -eq 124 ] && echo ' (timed out: not checked)') $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/san-$tool-$n.log" | tr '\n' ' ') [$(backends_of "$n" "$log")]" | tee -a "$out/sanitizer.txt"
+      # One run of the binary, or with WAVEFUSE_SANITIZE_EACH_TEST=1 one
+      # run per test (`--exact`): a slow test then times out alone, and
+      # each test's verdict and time are reported.
+      if [ "${WAVEFUSE_SANITIZE_EACH_TEST:-0}" = 1 ]; then
+        mapfile -t units < <("$t" --list 2>/dev/null | sed -n 's/: test$//p')
+      else
+        units=("")
+      fi
+      for u in "${units[@]}"; do
+        label="$n${u:+ $u}"; file="$out/san-$tool-$n${u:+-$u}.log"
+        # A call with a time limit stops starting runs after
+        # WAVEFUSE_SANITIZE_DEADLINE seconds of this phase.
+        if [ -n "${WAVEFUSE_SANITIZE_DEADLINE:-}" ] && [ $((SECONDS - san_t0)) -ge "$WAVEFUSE_SANITIZE_DEADLINE" ]; then
+          echo "$tool $label: NOT run (past WAVEFUSE_SANITIZE_DEADLINE)" | tee -a "$out/sanitizer.txt"; continue
+        fi
+        # Each run gets at most WAVEFUSE_SANITIZE_TIMEOUT seconds (default
+        # 300): under memcheck the engine tests' kernels run two orders of
+        # magnitude slower, and one binary must not use up a device call
+        # unreported. WAVEFUSE_SANITIZING=1 cuts the engine tests' queued
+        # work by as much (tests/engine.rs `queued`).
+        u0=$SECONDS
+        WAVEFUSE_SANITIZING=1 WAVEFUSE_TEST_GPU_ONLY=1 WAVEFUSE_REQUIRE=cuda WAVEFUSE_BACKENDS_LOG="$log" timeout "${WAVEFUSE_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 "$t" --test-threads=4 ${u:+--exact "$u"} > "$file" 2>&1
+        rc=$?
+        [ $rc -eq 124 ] && echo "timed out after ${WAVEFUSE_SANITIZE_TIMEOUT:-300} s: NOT checked" >> "$file"
+        echo "$tool $label: rc=$rc$([ $rc -eq 124 ] && echo ' (timed out: not checked)'), $((SECONDS - u0)) s $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$file" | tr '\n' ' ') [$(backends_of "$n" "$log")]" | tee -a "$out/sanitizer.txt"
+      done
     done
   done
   fi
