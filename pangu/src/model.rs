@@ -360,9 +360,12 @@ impl Pangu {
     }
 
     /// Tokens `[8 h1 w1, 2 C]` -> de-normalised fields. `x` is dropped
-    /// once the recovery GEMMs have read it, and each f32 temporary once
-    /// the next is made: at most two full-size f32 copies of the upper-air
-    /// fields are alive at once.
+    /// once the recovery GEMMs have read it, and each temporary once the
+    /// next is made: at most two full-size f32 copies of the upper-air
+    /// fields are alive at once. Each patch layout is undone by the cast
+    /// to the field dtype itself (a strided read of the GEMM output, one
+    /// contiguous write: the permutation and the widening commute
+    /// exactly), not by a second full-size f32 copy.
     fn recover(&self, x: Tensor) -> Result<(Tensor, Tensor)> {
         let g = &self.geom;
         let (h, hp, w, h1, w1) = (g.lat, g.lat_padded, g.lon, g.h1, g.w1);
@@ -375,20 +378,19 @@ impl Pangu {
         self.mark("recover_gemm")?;
         // [y, x, c, dy, dx] -> [c, y, dy, x, dx].
         let ys = ys
-            .to_dtype(fd)?
             .reshape((h1, w1, 4, 4, 4))?
             .permute((2, 0, 3, 1, 4))?
+            .to_dtype(fd)?
             .reshape((4, hp, w))?
             .narrow(1, top, h)?;
         // [z, y, x, c, dz, dy, dx] -> [c, z, dz, y, dy, x, dx].
         let yu = {
-            let wide = yu.to_dtype(fd)?;
-            drop(yu);
-            let t = wide
+            let t = yu
                 .reshape(vec![7, h1, w1, 5, 2, 4, 4])?
                 .permute(vec![3, 0, 4, 1, 5, 2, 6])?
+                .to_dtype(fd)?
                 .reshape((5, 14, hp, w))?;
-            drop(wide);
+            drop(yu);
             let scaled = t
                 .narrow(1, 0, 13)?
                 .narrow(2, top, h)?
