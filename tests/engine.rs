@@ -310,9 +310,9 @@ fn cuda() -> Option<(Device, Arc<CudaContext>)> {
 
 /// `n` launches of queued work, or a hundredth of them (at least two)
 /// under a sanitizer (`WAVEFUSE_SANITIZING`, set by the GPU bundle's
-/// sanitize phase): there every kernel runs two orders of magnitude slower,
-/// so the fewer launches still keep the stream busy for as long, and each
-/// kernel is checked the same way at any count.
+/// sanitize phase): there each kernel runs about two orders of magnitude
+/// slower, so the fewer launches keep the stream busy for a similar time,
+/// and the sanitizer checks each kernel the same way at any count.
 fn queued(n: usize) -> usize {
     if std::env::var_os("WAVEFUSE_SANITIZING").is_some_and(|v| v == "1") {
         (n / 100).max(2)
